@@ -1,0 +1,64 @@
+"""The kernel's list syntax for CPUs and nodes: ``0-3,8,10-11``.
+
+Shared by the sysfs reader, the planner and the CLI so that every part of the
+package reads and prints the same format as ``/sys/devices/system/node/*/cpulist``
+and ``Cpus_allowed_list``.
+"""
+import re
+from typing import Iterable, List
+
+from .errors import NumaError
+
+_ITEM = re.compile(r"^(\d+)(?:-(\d+))?$")
+# A typo like "0-1000000" would otherwise build a list of a million ints.
+_MAX_ID = 1 << 20
+
+
+def parse_cpulist(text: str) -> List[int]:
+    """``"0-3,8,10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]`` (sorted, unique).
+
+    An empty or blank string is the empty list, as sysfs prints it for a node
+    without CPUs. Anything else that is not the kernel's list syntax raises
+    NumaError naming the text.
+    """
+    if not isinstance(text, str):
+        raise NumaError("cpu list %r is not a string: write it like '0-3,8,10-11'" % (text,))
+    body = text.strip()
+    if not body:
+        return []
+    ids = set()
+    for item in body.split(","):
+        ids.update(_parse_item(item.strip(), text))
+    return sorted(ids)
+
+
+def _parse_item(item: str, text: str) -> range:
+    match = _ITEM.match(item)
+    if not match:
+        raise NumaError("cannot read cpu list %r: item %r is not N or N-M; write it like '0-3,8,10-11'"
+                        % (text, item))
+    first = int(match.group(1))
+    last = int(match.group(2)) if match.group(2) is not None else first
+    if last < first:
+        raise NumaError("cannot read cpu list %r: range %r runs backwards; write %d-%d"
+                        % (text, item, last, first))
+    if last >= _MAX_ID:
+        raise NumaError("cannot read cpu list %r: %d is not a plausible cpu or node number" % (text, last))
+    return range(first, last + 1)
+
+
+def format_cpulist(ids: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8, 10, 11]`` -> ``"0-3,8,10-11"``; any order, duplicates ignored."""
+    values = sorted(set(ids))
+    parts = []
+    start = 0
+    while start < len(values):
+        end = start
+        while end + 1 < len(values) and values[end + 1] == values[end] + 1:
+            end += 1
+        if end == start:
+            parts.append(str(values[start]))
+        else:
+            parts.append("%d-%d" % (values[start], values[end]))
+        start = end + 1
+    return ",".join(parts)

@@ -1,0 +1,592 @@
+"""Read a host's NUMA, CPU and GPU topology from sysfs/procfs.
+
+Every path is ``<root>/sys/...`` or ``<root>/proc/...`` (like hwloc's
+``HWLOC_FSROOT``), so the same reader runs on the live host and on a captured
+dump. This is the only place in the project that parses sysfs topology.
+
+``read()`` never raises for what it finds: missing, empty or garbage files
+become entries in ``warnings`` and the value is left out (null/empty). Only a
+``root`` that is not a directory is an error. The result is a plain JSON-able
+dict whose shape is the ``numa_facts`` contract (schema_version 1, see
+docs/facts.md).
+"""
+
+import os
+import re
+from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+
+from .cpulist import format_cpulist, parse_cpulist
+from .errors import NumaError
+
+SCHEMA_VERSION = 1
+
+NODE_DIR = "sys/devices/system/node"
+CPU_DIR = "sys/devices/system/cpu"
+PCI_DIR = "sys/bus/pci/devices"
+
+# PCI base class + subclass of compute/display devices: VGA, 3D controller,
+# other display controller, processing accelerator.
+GPU_CLASSES = frozenset((0x0300, 0x0302, 0x0380, 0x1200))
+# Board management controllers show up as VGA devices but run no model.
+BMC_VENDORS = frozenset(("0x1a03", "0x102b"))  # ASPEED, Matrox
+NIC_CLASSES = frozenset((0x0200, 0x0207))  # Ethernet, InfiniBand
+NVME_CLASS = 0x010802
+GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
+
+_NODE_NAME = re.compile(r"^node(\d+)$")
+_CPU_NAME = re.compile(r"^cpu(\d+)$")
+_MEMINFO_LINE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?\s*$")
+_THP_CHOICE = re.compile(r"\[([a-z_]+)\]")
+_CACHE_SIZE = re.compile(r"^(\d+)\s*([KMG]?)")
+_KB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024 * 1024}
+
+
+class _Reader:
+    """File access under a root prefix that records what could not be read."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.warnings = []  # type: List[str]
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.path(rel))
+
+    def listdir(self, rel: str) -> List[str]:
+        try:
+            return sorted(os.listdir(self.path(rel)))
+        except OSError:
+            return []
+
+    def text(self, rel: str, required: bool = True) -> Optional[str]:
+        """File content stripped of whitespace and NULs; None when unreadable."""
+        try:
+            with open(self.path(rel), "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            if required:
+                self.warn("%s: cannot read (%s)" % (rel, exc.strerror or exc))
+            return None
+        return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
+
+    def integer(self, rel: str, required: bool = True) -> Optional[int]:
+        raw = self.text(rel, required)
+        if raw is None:
+            return None
+        try:
+            return int(raw, 0) if raw.lower().startswith("0x") else int(raw)
+        except ValueError:
+            self.warn("%s: expected an integer, found %r" % (rel, raw[:40]))
+            return None
+
+    def cpus(self, rel: str, required: bool = True) -> Optional[List[int]]:
+        """A kernel cpulist/nodelist file ("0-3,8"); None when unreadable or garbage."""
+        raw = self.text(rel, required)
+        if raw is None:
+            return None
+        try:
+            return parse_cpulist(raw)
+        except NumaError:
+            self.warn("%s: not a CPU/node list: %r" % (rel, raw[:40]))
+            return None
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+def read(root: str = "/") -> Dict[str, Any]:
+    """Return the topology of the machine whose filesystem root is ``root``."""
+    if not os.path.isdir(root):
+        raise NumaError(
+            "topology root %r is not a directory: pass the folder that holds the "
+            "captured sys/ and proc/ trees (or / for this host)" % root
+        )
+    reader = _Reader(root)
+    cpus = _read_cpus(reader)
+    online = set(cpus["_online"])
+    system_meminfo = _parse_meminfo(reader, "proc/meminfo")
+    nodes = _read_nodes(reader, online, system_meminfo)
+    _attach_packages(nodes, cpus["_package_of"])
+    pci = _read_pci(reader, nodes)
+    for node in nodes:
+        node["gpus"] = [gpu["address"] for gpu in pci["gpus"] if gpu["numa_node"] == node["id"]]
+    cpus["packages"] = _packages(cpus["_package_of"], nodes)
+    for private in ("_online", "_package_of"):
+        del cpus[private]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "root": root,
+        "node_count": len(nodes),
+        "nodes": nodes,
+        "distances": [[node["distances"].get(str(other["id"])) for other in nodes] for node in nodes],
+        "cpus": cpus,
+        "gpus": pci["gpus"],
+        "nics": pci["nics"],
+        "nvme": pci["nvme"],
+        "memory": {
+            "total_kb": system_meminfo.get("MemTotal"),
+            "free_kb": system_meminfo.get("MemFree"),
+            "available_kb": system_meminfo.get("MemAvailable"),
+        },
+        "kernel": _read_kernel_knobs(reader),
+        "warnings": reader.warnings,
+    }
+
+
+# --- CPUs -----------------------------------------------------------------
+
+
+def _read_cpus(reader: _Reader) -> Dict[str, Any]:
+    present = _cpu_ids(reader)
+    online = reader.cpus(CPU_DIR + "/online", required=False)
+    if online is None:
+        online = [cpu for cpu in present if _cpu_is_online(reader, cpu)]
+    package_of = {}  # type: Dict[int, int]
+    for cpu in online:
+        package = reader.integer("%s/cpu%d/topology/physical_package_id" % (CPU_DIR, cpu), required=False)
+        package_of[cpu] = package if package is not None and package >= 0 else 0
+    siblings = _sibling_groups(reader, online, package_of)
+    allowed, mems_allowed = _read_allowed(reader)
+    return {
+        "online": format_cpulist(online),
+        "offline": _list_file(reader, CPU_DIR + "/offline"),
+        "isolated": _list_file(reader, CPU_DIR + "/isolated"),
+        "nohz_full": _list_file(reader, CPU_DIR + "/nohz_full"),
+        "allowed": allowed,
+        "mems_allowed": mems_allowed,
+        "threads_per_core": max((len(group) for group in siblings), default=1),
+        "siblings": siblings,
+        "l3_groups": _l3_groups(reader, online),
+        "caches": _cache_sizes(reader, online),
+        "_online": online,
+        "_package_of": package_of,
+    }
+
+
+def _cpu_ids(reader: _Reader) -> List[int]:
+    ids = []
+    for name in reader.listdir(CPU_DIR):
+        match = _CPU_NAME.match(name)
+        if match:
+            ids.append(int(match.group(1)))
+    return sorted(ids)
+
+
+def _cpu_is_online(reader: _Reader, cpu: int) -> bool:
+    # cpu0 usually has no "online" file (it cannot be taken offline); an
+    # empty one (truncated capture) says nothing either.
+    state = reader.text("%s/cpu%d/online" % (CPU_DIR, cpu), required=False)
+    if not state:
+        return True
+    if state not in ("0", "1"):
+        reader.warn("%s/cpu%d/online: expected 0 or 1, found %r; counted as online" % (CPU_DIR, cpu, state[:20]))
+    return state != "0"
+
+
+def _list_file(reader: _Reader, rel: str) -> str:
+    values = reader.cpus(rel, required=False)
+    return format_cpulist(values or [])
+
+
+def _sibling_groups(reader: _Reader, online: List[int], package_of: Dict[int, int]) -> List[List[int]]:
+    """SMT sibling groups (one per physical core) of the online CPUs."""
+    online_set = set(online)
+    grouped = set()  # type: Set[int]
+    groups = []
+    by_core = None  # type: Optional[Dict[Tuple[int, int], List[int]]]
+    for cpu in online:
+        if cpu in grouped:
+            continue
+        members = reader.cpus("%s/cpu%d/topology/thread_siblings_list" % (CPU_DIR, cpu), required=False)
+        if members is None:
+            if by_core is None:
+                by_core = _cpus_by_core_id(reader, online, package_of)
+            members = next((cpus for cpus in by_core.values() if cpu in cpus), [cpu])
+        group = sorted((set(members) & online_set - grouped) | {cpu})
+        grouped.update(group)
+        groups.append(group)
+    return sorted(groups)
+
+
+def _cpus_by_core_id(reader: _Reader, online: List[int], package_of: Dict[int, int]) -> Dict[Tuple[int, int], List[int]]:
+    """Fallback for kernels without thread_siblings_list: same (package, core_id)."""
+    cores = {}  # type: Dict[Tuple[int, int], List[int]]
+    for cpu in online:
+        core = reader.integer("%s/cpu%d/topology/core_id" % (CPU_DIR, cpu), required=False)
+        key = (package_of[cpu], core if core is not None else -1 - cpu)
+        cores.setdefault(key, []).append(cpu)
+    return cores
+
+
+def _cache_levels(reader: _Reader, cpu: int) -> Iterable[Tuple[str, int, str]]:
+    """(index dir, level, type) for each cache of ``cpu``."""
+    base = "%s/cpu%d/cache" % (CPU_DIR, cpu)
+    for index in reader.listdir(base):
+        if not index.startswith("index"):
+            continue
+        level = reader.integer("%s/%s/level" % (base, index), required=False)
+        if level is None:
+            continue
+        kind = reader.text("%s/%s/type" % (base, index), required=False) or ""
+        yield "%s/%s" % (base, index), level, kind
+
+
+def _cache_size_kb(reader: _Reader, index_dir: str) -> Optional[int]:
+    raw = reader.text(index_dir + "/size", required=False)
+    if not raw:
+        return None
+    match = _CACHE_SIZE.match(raw)
+    if not match:
+        reader.warn("%s/size: unrecognised cache size %r" % (index_dir, raw[:20]))
+        return None
+    number, unit = int(match.group(1)), match.group(2)
+    return number // 1024 if not unit else number * _KB_PER_UNIT[unit]
+
+
+def _l3_groups(reader: _Reader, online: List[int]) -> List[Dict[str, Any]]:
+    """CPUs sharing a last-level (L3) cache; read once per group, not per CPU."""
+    covered = set()  # type: Set[int]
+    groups = []
+    online_set = set(online)
+    for cpu in online:
+        if cpu in covered:
+            continue
+        for index_dir, level, _kind in _cache_levels(reader, cpu):
+            if level != 3:
+                continue
+            shared = reader.cpus(index_dir + "/shared_cpu_list", required=False) or [cpu]
+            members = sorted(set(shared) & online_set | {cpu})
+            covered.update(members)
+            groups.append({"cpulist": format_cpulist(members), "size_kb": _cache_size_kb(reader, index_dir)})
+            break
+    return groups
+
+
+def _cache_sizes(reader: _Reader, online: List[int]) -> Dict[str, Optional[int]]:
+    """Largest L1d, L2 and L3 of the first online CPU (what one thread sees)."""
+    sizes = {"l1d_kb": None, "l2_kb": None, "l3_kb": None}  # type: Dict[str, Optional[int]]
+    if not online:
+        return sizes
+    for index_dir, level, kind in _cache_levels(reader, online[0]):
+        if level == 1 and kind == "Instruction":
+            continue
+        key = {1: "l1d_kb", 2: "l2_kb", 3: "l3_kb"}.get(level)
+        size = _cache_size_kb(reader, index_dir)
+        if key and size is not None and (sizes[key] is None or size > sizes[key]):
+            sizes[key] = size
+    return sizes
+
+
+def _read_allowed(reader: _Reader) -> Tuple[str, str]:
+    """Cpus_allowed_list and Mems_allowed_list of the reading process.
+
+    Falls back to the cpuset the process sits in when status has no such lines
+    (old kernels, and captures that kept only the cgroup tree).
+    """
+    status = reader.text("proc/self/status", required=False) or ""
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    cpus = fields.get("Cpus_allowed_list")
+    mems = fields.get("Mems_allowed_list")
+    if cpus is None or mems is None:
+        fallback_cpus, fallback_mems = _cpuset_limits(reader)
+        cpus = cpus if cpus is not None else fallback_cpus
+        mems = mems if mems is not None else fallback_mems
+    return _normalised_list(reader, "proc/self/status", cpus), _normalised_list(reader, "proc/self/status", mems)
+
+
+def _normalised_list(reader: _Reader, source: str, raw: Optional[str]) -> str:
+    if raw is None or not raw.strip():
+        return ""
+    try:
+        return format_cpulist(parse_cpulist(raw.strip()))
+    except NumaError:
+        reader.warn("%s: not a CPU/node list: %r" % (source, raw.strip()[:40]))
+        return ""
+
+
+def _cpuset_limits(reader: _Reader) -> Tuple[Optional[str], Optional[str]]:
+    path = reader.text("proc/self/cpuset", required=False)
+    if not path:
+        return None, None
+    for mount in _cpuset_mounts(reader):
+        directory = os.path.join(mount, path.lstrip("/"))
+        cpus = _first_text(reader, directory, ("cpuset.cpus.effective", "cpuset.cpus", "cpus"))
+        mems = _first_text(reader, directory, ("cpuset.mems.effective", "cpuset.mems", "mems"))
+        if cpus is not None or mems is not None:
+            return cpus, mems
+    return None, None
+
+
+def _cpuset_mounts(reader: _Reader) -> List[str]:
+    mounts = []
+    for line in (reader.text("proc/mounts", required=False) or "").splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        mountpoint, fstype, options = fields[1], fields[2], fields[3].split(",")
+        if fstype in ("cpuset", "cgroup2") or (fstype == "cgroup" and "cpuset" in options):
+            mounts.append(mountpoint.lstrip("/"))
+    return mounts or ["dev/cpuset", "sys/fs/cgroup/cpuset", "sys/fs/cgroup"]
+
+
+def _first_text(reader: _Reader, directory: str, names: Iterable[str]) -> Optional[str]:
+    for name in names:
+        value = reader.text(os.path.join(directory, name), required=False)
+        if value is not None:
+            return value
+    return None
+
+
+# --- NUMA nodes -----------------------------------------------------------
+
+
+def _node_ids(reader: _Reader) -> List[int]:
+    ids = []
+    for name in reader.listdir(NODE_DIR):
+        match = _NODE_NAME.match(name)
+        if match:
+            ids.append(int(match.group(1)))
+    return sorted(ids)
+
+
+def _read_nodes(reader: _Reader, online: Set[int], system_meminfo: Dict[str, int]) -> List[Dict[str, Any]]:
+    ids = _node_ids(reader)
+    if not ids:
+        return [_single_node(reader, online, system_meminfo)]
+    # An empty mask file is a truncated capture, not "no node has CPUs".
+    has_cpu = reader.cpus(NODE_DIR + "/has_cpu", required=False) or None
+    has_memory = reader.cpus(NODE_DIR + "/has_memory", required=False) or None
+    distance_order = reader.cpus(NODE_DIR + "/online", required=False) or ids
+    nodes = [_read_node(reader, node_id, online, distance_order) for node_id in ids]
+    for node in nodes:
+        if has_cpu is not None:
+            node["has_cpus"] = node["id"] in has_cpu and bool(node["cpus"])
+        if has_memory is not None:
+            node["has_memory"] = node["id"] in has_memory
+    return nodes
+
+
+def _single_node(reader: _Reader, online: Set[int], system_meminfo: Dict[str, int]) -> Dict[str, Any]:
+    """A kernel without NUMA sysfs (non-NUMA build, many VMs): one node 0."""
+    meminfo = dict(system_meminfo)
+    # /proc/meminfo has no FilePages; per node it is page cache plus buffers.
+    meminfo["FilePages"] = meminfo.get("Cached", 0) + meminfo.get("Buffers", 0)
+    cpus = sorted(online)
+    node = _node_record(0, cpus, meminfo, {"0": 10})
+    node["hugepages"] = _read_hugepages(reader, "sys/kernel/mm/hugepages")
+    return node
+
+
+def _read_node(reader: _Reader, node_id: int, online: Set[int], distance_order: List[int]) -> Dict[str, Any]:
+    base = "%s/node%d" % (NODE_DIR, node_id)
+    cpus = reader.cpus(base + "/cpulist", required=False)
+    if cpus is None:
+        cpus = _parse_cpumap(reader, base + "/cpumap")
+    meminfo = _parse_meminfo(reader, base + "/meminfo")
+    node = _node_record(node_id, sorted(set(cpus) & online), meminfo, _read_distances(reader, base, distance_order))
+    node["hugepages"] = _read_hugepages(reader, base + "/hugepages")
+    return node
+
+
+def _node_record(node_id: int, cpus: List[int], meminfo: Dict[str, int], distances: Dict[str, int]) -> Dict[str, Any]:
+    free = meminfo.get("MemFree", 0)
+    file_pages = meminfo.get("FilePages", 0)
+    shmem = meminfo.get("Shmem", 0)
+    total = meminfo.get("MemTotal", 0)
+    return {
+        "id": node_id,
+        "cpus": cpus,
+        "cpulist": format_cpulist(cpus),
+        "has_cpus": bool(cpus),
+        "has_memory": total > 0,
+        "memory_total_kb": total,
+        "memory_free_kb": free,
+        "memory_file_kb": file_pages,
+        "memory_shmem_kb": shmem,
+        # Page cache can be reclaimed to make room; shmem/tmpfs pages cannot.
+        "memory_available_kb": free + max(0, file_pages - shmem),
+        "hugepages": {},
+        "distances": distances,
+        "packages": [],
+        "gpus": [],
+    }
+
+
+def _parse_cpumap(reader: _Reader, rel: str) -> List[int]:
+    """A hex CPU mask in comma-separated 32-bit words, most significant first."""
+    raw = reader.text(rel, required=False)
+    if raw is None:
+        reader.warn("%s: neither cpulist nor cpumap readable; node listed without CPUs" % rel.rsplit("/", 1)[0])
+        return []
+    try:
+        mask = int(raw.replace(",", ""), 16) if raw else 0
+    except ValueError:
+        reader.warn("%s: not a hex CPU mask: %r" % (rel, raw[:40]))
+        return []
+    return [bit for bit in range(mask.bit_length()) if mask >> bit & 1]
+
+
+def _parse_meminfo(reader: _Reader, rel: str) -> Dict[str, int]:
+    raw = reader.text(rel)
+    values = {}  # type: Dict[str, int]
+    for line in (raw or "").splitlines():
+        match = _MEMINFO_LINE.match(line.strip())
+        if match:
+            values[match.group(1)] = int(match.group(2))
+    if raw is not None and "MemTotal" not in values:
+        reader.warn("%s: no MemTotal line; memory sizes unknown" % rel)
+    return values
+
+
+def _read_distances(reader: _Reader, base: str, order: List[int]) -> Dict[str, int]:
+    raw = reader.text(base + "/distance")
+    if raw is None:
+        return {}
+    try:
+        values = [int(token) for token in raw.split()]
+    except ValueError:
+        reader.warn("%s/distance: not a list of integers: %r" % (base, raw[:40]))
+        return {}
+    if len(values) != len(order):
+        reader.warn("%s/distance: %d values for %d nodes; distances ignored" % (base, len(values), len(order)))
+        return {}
+    # The kernel prints one distance per online node, in node id order.
+    return {str(node): value for node, value in zip(order, values)}
+
+
+def _read_hugepages(reader: _Reader, rel: str) -> Dict[str, Dict[str, Optional[int]]]:
+    pools = {}
+    for name in reader.listdir(rel):
+        if not name.startswith("hugepages-"):
+            continue
+        pool = "%s/%s" % (rel, name)
+        pools[name[len("hugepages-"):]] = {
+            "total": reader.integer(pool + "/nr_hugepages"),
+            "free": reader.integer(pool + "/free_hugepages"),
+        }
+    return pools
+
+
+def _attach_packages(nodes: List[Dict[str, Any]], package_of: Dict[int, int]) -> None:
+    for node in nodes:
+        node["packages"] = sorted({package_of[cpu] for cpu in node["cpus"] if cpu in package_of})
+
+
+def _packages(package_of: Dict[int, int], nodes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    members = {}  # type: Dict[int, List[int]]
+    for cpu, package in sorted(package_of.items()):
+        members.setdefault(package, []).append(cpu)
+    return [
+        {
+            "id": package,
+            "cpulist": format_cpulist(cpus),
+            "nodes": [node["id"] for node in nodes if package in node["packages"]],
+        }
+        for package, cpus in sorted(members.items())
+    ]
+
+
+# --- PCI devices ----------------------------------------------------------
+
+
+def _read_pci(reader: _Reader, nodes: List[Dict[str, Any]]) -> Dict[str, List[Dict[str, Any]]]:
+    found = {"gpus": [], "nics": [], "nvme": []}  # type: Dict[str, List[Dict[str, Any]]]
+    for address in reader.listdir(PCI_DIR):
+        base = "%s/%s" % (PCI_DIR, address)
+        device_class = reader.integer(base + "/class", required=False)
+        if device_class is None:
+            continue
+        kind = _device_kind(device_class, reader.text(base + "/vendor", required=False))
+        if kind is None:
+            continue
+        record = _pci_record(reader, base, address, device_class, nodes)
+        if kind == "gpu":
+            found["gpus"].append(record)
+        else:
+            record["name"] = _device_name(reader, base, "net" if kind == "nic" else "nvme")
+            found["nics" if kind == "nic" else "nvme"].append(record)
+    _assign_cuda_indexes(found["gpus"])
+    return found
+
+
+def _device_kind(device_class: int, vendor: Optional[str]) -> Optional[str]:
+    if device_class >> 8 in GPU_CLASSES:
+        return None if (vendor or "").lower() in BMC_VENDORS else "gpu"
+    if device_class >> 8 in NIC_CLASSES:
+        return "nic"
+    if device_class == NVME_CLASS:
+        return "nvme"
+    return None
+
+
+def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
+                nodes: List[Dict[str, Any]]) -> Dict[str, Any]:
+    vendor = (reader.text(base + "/vendor", required=False) or "").lower()
+    local_cpus = reader.cpus(base + "/local_cpulist", required=False)
+    numa_node = reader.integer(base + "/numa_node", required=False)
+    if numa_node is None or numa_node < 0:
+        numa_node = _node_from_cpus(local_cpus, nodes)
+    return {
+        "address": address,
+        "vendor_id": vendor or None,
+        "vendor": GPU_VENDORS.get(vendor, "other"),
+        "device_id": (reader.text(base + "/device", required=False) or "").lower() or None,
+        "class": "0x%06x" % device_class,
+        "numa_node": numa_node,
+        "local_cpulist": format_cpulist(local_cpus or []),
+    }
+
+
+def _node_from_cpus(local_cpus: Optional[List[int]], nodes: List[Dict[str, Any]]) -> Optional[int]:
+    """The one node whose CPUs the device's local CPUs fall on, if exactly one."""
+    if not local_cpus:
+        return None
+    wanted = set(local_cpus)
+    touching = [node["id"] for node in nodes if wanted & set(node["cpus"])]
+    return touching[0] if len(touching) == 1 and len(nodes) > 1 else None
+
+
+def _device_name(reader: _Reader, base: str, subdir: str) -> Optional[str]:
+    names = reader.listdir(base + "/" + subdir)
+    return names[0] if names else None
+
+
+def _assign_cuda_indexes(gpus: List[Dict[str, Any]]) -> None:
+    # With CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA numbers NVIDIA GPUs in bus order.
+    ordinal = 0
+    for gpu in sorted(gpus, key=lambda device: device["address"]):
+        if gpu["vendor"] == "nvidia":
+            gpu["cuda_index"] = ordinal
+            ordinal += 1
+        else:
+            gpu["cuda_index"] = None
+
+
+# --- kernel knobs -----------------------------------------------------------
+
+
+def _read_kernel_knobs(reader: _Reader) -> Dict[str, Any]:
+    thp = reader.text("sys/kernel/mm/transparent_hugepage/enabled", required=False)
+    thp_choice = _THP_CHOICE.search(thp or "")
+    return {
+        "numa_balancing": reader.integer("proc/sys/kernel/numa_balancing", required=False),
+        "zone_reclaim_mode": reader.integer("proc/sys/vm/zone_reclaim_mode", required=False),
+        "transparent_hugepage": thp_choice.group(1) if thp_choice else (thp or None),
+        "weighted_interleave": _read_interleave_weights(reader),
+    }
+
+
+def _read_interleave_weights(reader: _Reader) -> Optional[Dict[str, int]]:
+    base = "sys/kernel/mm/mempolicy/weighted_interleave"
+    if not reader.exists(base):
+        return None
+    weights = {}
+    for name in reader.listdir(base):
+        match = _NODE_NAME.match(name)
+        if match:
+            weight = reader.integer("%s/%s" % (base, name))
+            if weight is not None:
+                weights[match.group(1)] = weight
+    return weights

@@ -1,0 +1,223 @@
+"""The sysfs reader on synthetic machines: every real-world rule of issue 2."""
+
+import json
+import os
+
+import pytest
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+
+from tests.fixtures import sysfs
+
+
+def build(tmp_path, recipe):
+    return read(sysfs.RECIPES[recipe]().write(str(tmp_path)))
+
+
+def node(facts, node_id):
+    return next(n for n in facts["nodes"] if n["id"] == node_id)
+
+
+def test_dual_socket_nodes_cpus_memory_and_distances(tmp_path):
+    facts = build(tmp_path, "dual_socket_gpus")
+    assert facts["schema_version"] == 1
+    assert facts["node_count"] == 2
+    assert node(facts, 0)["cpulist"] == "0-39,80-119"
+    assert node(facts, 1)["cpus"] == list(range(40, 80)) + list(range(120, 160))
+    assert node(facts, 0)["memory_total_kb"] == 256 * sysfs.GIB_KB
+    assert node(facts, 0)["memory_available_kb"] == (200 + 20 - 1) * sysfs.GIB_KB
+    assert node(facts, 1)["distances"] == {"0": 21, "1": 10}
+    assert facts["distances"] == [[10, 21], [21, 10]]
+    assert node(facts, 0)["hugepages"] == {"2048kB": {"total": 0, "free": 0}}
+    assert node(facts, 1)["packages"] == [1]
+    assert facts["warnings"] == []
+    json.dumps(facts)
+
+
+def test_dual_socket_smt_packages_and_caches(tmp_path):
+    cpus = build(tmp_path, "dual_socket_gpus")["cpus"]
+    assert cpus["threads_per_core"] == 2
+    assert cpus["siblings"][0] == [0, 80]
+    assert len(cpus["siblings"]) == 80
+    assert cpus["packages"] == [
+        {"id": 0, "cpulist": "0-39,80-119", "nodes": [0]},
+        {"id": 1, "cpulist": "40-79,120-159", "nodes": [1]},
+    ]
+    assert [group["cpulist"] for group in cpus["l3_groups"]] == ["0-39,80-119", "40-79,120-159"]
+    assert cpus["caches"] == {"l1d_kb": 48, "l2_kb": 2048, "l3_kb": 32768}
+    assert cpus["online"] == "0-159" and cpus["offline"] == ""
+    assert cpus["allowed"] == "0-159" and cpus["mems_allowed"] == "0-1"
+
+
+def test_gpus_by_pci_class_without_bmc_or_nvswitch(tmp_path):
+    facts = build(tmp_path, "dual_socket_gpus")
+    assert [gpu["address"] for gpu in facts["gpus"]] == ["0000:81:00.0", "0000:c1:00.0"]
+    first = facts["gpus"][0]
+    assert first["vendor"] == "nvidia" and first["vendor_id"] == "0x10de"
+    assert first["class"] == "0x030200" and first["numa_node"] == 1 and first["cuda_index"] == 0
+    assert facts["gpus"][1]["cuda_index"] == 1
+    assert node(facts, 1)["gpus"] == ["0000:81:00.0", "0000:c1:00.0"]
+    assert node(facts, 0)["gpus"] == []
+    assert facts["nics"] == [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other",
+                              "device_id": "0x101d", "class": "0x020000", "numa_node": 1,
+                              "local_cpulist": "40-79,120-159", "name": "ens1f0"}]
+    assert [(d["address"], d["name"]) for d in facts["nvme"]] == [("0000:01:00.0", "nvme0")]
+
+
+def test_amd_nps4_eight_nodes_two_packages(tmp_path):
+    facts = build(tmp_path, "amd_nps4")
+    assert facts["node_count"] == 8
+    assert node(facts, 5)["distances"]["4"] == 12 and node(facts, 5)["distances"]["0"] == 32
+    assert [p["nodes"] for p in facts["cpus"]["packages"]] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert facts["cpus"]["threads_per_core"] == 1
+
+
+def test_grace_like_cpuless_gpu_memory_nodes(tmp_path):
+    facts = build(tmp_path, "grace_like")
+    assert [(n["id"], n["has_cpus"], n["has_memory"]) for n in facts["nodes"]] == [
+        (0, True, True), (1, False, True), (2, False, True)]
+    assert node(facts, 1)["cpus"] == [] and node(facts, 1)["cpulist"] == ""
+    assert facts["gpus"][0]["numa_node"] == 1
+    assert node(facts, 1)["gpus"] == ["0009:01:00.0"]
+
+
+def test_cxl_sparse_node_ids_and_distance_order(tmp_path):
+    facts = build(tmp_path, "cxl_memory_node")
+    assert [n["id"] for n in facts["nodes"]] == [0, 1, 8]
+    assert node(facts, 8)["has_cpus"] is False
+    assert node(facts, 8)["distances"] == {"0": 14, "1": 24, "8": 10}
+    assert facts["distances"][0] == [10, 21, 14]
+
+
+def test_vm_without_node_directory_is_one_node(tmp_path):
+    facts = build(tmp_path, "vm_without_nodes")
+    assert facts["node_count"] == 1
+    only = facts["nodes"][0]
+    assert only["id"] == 0 and only["cpus"] == [0, 1, 2, 3] and only["distances"] == {"0": 10}
+    assert only["memory_total_kb"] == 8 * sysfs.GIB_KB and only["has_memory"]
+    assert facts["distances"] == [[10]]
+    # A device without a node on a one-node host stays without one.
+    assert facts["gpus"][0]["numa_node"] is None
+
+
+def test_cgroup_restricted_process(tmp_path):
+    facts = build(tmp_path, "cgroup_restricted")
+    assert facts["cpus"]["allowed"] == "40-59"
+    assert facts["cpus"]["mems_allowed"] == "1"
+    assert node(facts, 0)["cpulist"] == "0-39,80-119"
+
+
+def test_offline_cpus_never_in_a_node(tmp_path):
+    machine = sysfs.Machine()
+    machine.add_cpus(list(range(8)), package=0, offline=[3, 5])
+    machine.add_node(0, range(8), sysfs.GIB_KB, sysfs.GIB_KB)
+    machine.finish(online=[0, 1, 2, 4, 6, 7], nodes=[0], has_cpu=[0], has_memory=[0])
+    facts = read(machine.write(str(tmp_path)))
+    assert facts["nodes"][0]["cpus"] == [0, 1, 2, 4, 6, 7]
+    assert facts["cpus"]["offline"] == "3,5"
+
+
+def test_online_derived_per_cpu_when_no_online_file(tmp_path):
+    machine = sysfs.Machine()
+    machine.add_cpus(list(range(4)), package=0, offline=[2])
+    machine.add_node(0, range(4), sysfs.GIB_KB, sysfs.GIB_KB)
+    machine.finish(online=[0, 1, 3])
+    root = machine.write(str(tmp_path))
+    os.remove(os.path.join(root, "sys/devices/system/cpu/online"))
+    assert read(root)["cpus"]["online"] == "0-1,3"
+
+
+def test_cpumap_longer_than_32_bits_when_cpulist_missing(tmp_path):
+    machine = sysfs.dual_socket_gpus()
+    root = machine.write(str(tmp_path))
+    os.remove(os.path.join(root, "sys/devices/system/node/node1/cpulist"))
+    with open(os.path.join(root, "sys/devices/system/node/node1/cpumap")) as handle:
+        assert handle.read().count(",") == 4  # 160 CPUs -> five 32-bit words
+    facts = read(root)
+    assert node(facts, 1)["cpus"] == list(range(40, 80)) + list(range(120, 160))
+
+
+def test_numa_node_minus_one_derived_from_local_cpulist(tmp_path):
+    machine = sysfs.dual_socket_gpus()
+    machine.add_pci("0000:82:00.0", 0x030200, 0x10de, 0x2330, -1, range(40, 80))
+    machine.add_pci("0000:83:00.0", 0x030200, 0x1002, 0x74a1, -1, range(160))
+    facts = read(machine.write(str(tmp_path)))
+    by_address = {gpu["address"]: gpu for gpu in facts["gpus"]}
+    assert by_address["0000:82:00.0"]["numa_node"] == 1
+    assert by_address["0000:83:00.0"]["numa_node"] is None
+    assert by_address["0000:83:00.0"]["vendor"] == "amd" and by_address["0000:83:00.0"]["cuda_index"] is None
+    assert [gpu["cuda_index"] for gpu in facts["gpus"] if gpu["vendor"] == "nvidia"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("rel, content", [
+    ("sys/devices/system/node/node0/meminfo", "\x00\x00garbage"),
+    ("sys/devices/system/node/node0/distance", "ten twenty-one"),
+    ("sys/devices/system/node/node0/cpulist", "zero-three"),
+    ("sys/devices/system/node/node1/distance", "10 21 30"),
+    ("sys/bus/pci/devices/0000:81:00.0/numa_node", "one"),
+    ("sys/devices/system/cpu/cpu0/topology/thread_siblings_list", "x"),
+    ("proc/self/status", "Cpus_allowed_list:\tnonsense\n"),
+    ("sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages", ""),
+    ("sys/devices/system/cpu/cpu0/cache/index3/size", "big"),
+    ("proc/meminfo", ""),
+])
+def test_garbage_becomes_a_warning_never_an_exception(tmp_path, rel, content):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    with open(os.path.join(root, rel), "w") as handle:
+        handle.write(content)
+    facts = read(root)
+    assert facts["node_count"] == 2
+    json.dumps(facts)
+    if rel != "proc/meminfo":
+        assert any(rel in warning for warning in facts["warnings"]), facts["warnings"]
+
+
+def test_missing_node_files_warn(tmp_path):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    os.remove(os.path.join(root, "sys/devices/system/node/node1/meminfo"))
+    facts = read(root)
+    assert node(facts, 1)["memory_total_kb"] == 0 and node(facts, 1)["has_memory"] is True
+    assert any("node1/meminfo" in warning for warning in facts["warnings"])
+
+
+def test_empty_root_is_a_one_node_machine_with_warnings(tmp_path):
+    facts = read(str(tmp_path))
+    assert facts["node_count"] == 1 and facts["nodes"][0]["cpus"] == []
+    assert any("meminfo" in warning for warning in facts["warnings"])
+
+
+def test_root_that_is_not_a_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(NumaError, match="not a directory"):
+        read(str(tmp_path / "missing"))
+
+
+def test_kernel_knobs_and_absent_ones(tmp_path):
+    machine = sysfs.dual_socket_gpus()
+    machine.put("sys/kernel/mm/mempolicy/weighted_interleave/node0", "3")
+    machine.put("sys/kernel/mm/mempolicy/weighted_interleave/node1", "1")
+    facts = read(machine.write(str(tmp_path / "a")))
+    assert facts["kernel"] == {"numa_balancing": 1, "zone_reclaim_mode": 0, "transparent_hugepage": "madvise",
+                               "weighted_interleave": {"0": 3, "1": 1}}
+    bare = read(sysfs.vm_without_nodes().write(str(tmp_path / "b")))
+    assert bare["kernel"]["weighted_interleave"] is None
+    os.remove(str(tmp_path / "b/proc/sys/kernel/numa_balancing"))
+    assert read(str(tmp_path / "b"))["kernel"]["numa_balancing"] is None
+
+
+def test_cpuset_fallback_when_status_has_no_allowed_lines(tmp_path):
+    machine = sysfs.amd_nps4()
+    machine.put("proc/self/status", "Name:\tpython3\n")
+    machine.put("proc/self/cpuset", "/batch")
+    machine.put("proc/mounts", "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0")
+    machine.put("sys/fs/cgroup/cpuset/batch/cpuset.cpus", "16-31")
+    machine.put("sys/fs/cgroup/cpuset/batch/cpuset.mems", "1")
+    cpus = read(machine.write(str(tmp_path)))["cpus"]
+    assert (cpus["allowed"], cpus["mems_allowed"]) == ("16-31", "1")
+
+
+def test_this_host_reads_without_warnings_about_nodes():
+    facts = read("/")
+    assert facts["node_count"] >= 1
+    assert set(facts["nodes"][0]["cpus"]) <= set(range(os.cpu_count() or 1024))
+    assert facts["cpus"]["allowed"]
