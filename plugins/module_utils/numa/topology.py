@@ -360,12 +360,34 @@ def _read_nodes(reader: _Reader, online: Set[int], system_meminfo: Dict[str, int
     has_memory = reader.cpus(NODE_DIR + "/has_memory", required=False) or None
     distance_order = reader.cpus(NODE_DIR + "/online", required=False) or ids
     nodes = [_read_node(reader, node_id, online, distance_order) for node_id in ids]
+    _drop_cpus_listed_twice(reader, nodes)
     for node in nodes:
         if has_cpu is not None:
             node["has_cpus"] = node["id"] in has_cpu and bool(node["cpus"])
         if has_memory is not None:
             node["has_memory"] = node["id"] in has_memory
     return nodes
+
+
+def _drop_cpus_listed_twice(reader: _Reader, nodes: List[Dict[str, Any]]) -> None:
+    """A CPU belongs to exactly one node; broken firmware tables can list it in several.
+
+    Keep it in the first node that lists it, so no CPU is handed out twice.
+    """
+    owner = {}  # type: Dict[int, int]
+    for node in nodes:
+        mine = []
+        for cpu in node["cpus"]:
+            if cpu in owner:
+                continue
+            owner[cpu] = node["id"]
+            mine.append(cpu)
+        if len(mine) != len(node["cpus"]):
+            reader.warn("node%d: CPUs %s are also listed by a lower node; firmware NUMA tables are inconsistent, "
+                        "kept them there" % (node["id"], format_cpulist(set(node["cpus"]) - set(mine))))
+            node["cpus"] = mine
+            node["cpulist"] = format_cpulist(mine)
+            node["has_cpus"] = bool(mine)
 
 
 def _single_node(reader: _Reader, online: Set[int], system_meminfo: Dict[str, int]) -> Dict[str, Any]:

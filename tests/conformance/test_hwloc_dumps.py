@@ -1,0 +1,182 @@
+"""Every real machine dump from hwloc's test suite, read and checked two ways.
+
+1. Against the raw sysfs files of the dump, parsed here independently.
+2. Against hwloc itself (``lstopo --of xml`` with HWLOC_FSROOT) where installed,
+   minding where hwloc departs on purpose: it drops nodes and PUs outside the
+   captured process's cpuset.
+
+The dumps live in ../shared/fixtures/hwloc-linux (never copied into this repo);
+without them these tests skip.
+"""
+
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")
+TARBALLS = sorted(glob.glob(os.path.join(DUMPS, "*.tar.bz2")))
+
+pytestmark = pytest.mark.skipif(not TARBALLS, reason="../shared/fixtures/hwloc-linux not present (plain clone)")
+
+
+@pytest.fixture(scope="session")
+def dump_roots(tmp_path_factory):
+    """Tarball name -> extracted filesystem root (its single top folder)."""
+    roots = {}
+    for tarball in TARBALLS:
+        name = os.path.basename(tarball)[: -len(".tar.bz2")]
+        target = tmp_path_factory.mktemp(name.replace("+", "_"))
+        with tarfile.open(tarball) as archive:
+            archive.extractall(str(target), filter="tar") if hasattr(tarfile, "data_filter") \
+                else archive.extractall(str(target))
+        (top,) = os.listdir(str(target))
+        roots[name] = os.path.join(str(target), top)
+    return roots
+
+
+def raw(root, rel):
+    try:
+        with open(os.path.join(root, rel), "rb") as handle:
+            return handle.read().replace(b"\x00", b"").decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+
+
+def ids_of(text):
+    """Independent little cpulist parser, the oracle for the reader's."""
+    result = set()
+    for item in filter(None, (text or "").split(",")):
+        first, _, last = item.partition("-")
+        result.update(range(int(first), int(last or first) + 1))
+    return result
+
+
+def online_cpus(root):
+    listed = raw(root, "sys/devices/system/cpu/online")
+    if listed:
+        return ids_of(listed)
+    present = [int(m.group(1)) for m in (re.match(r"cpu(\d+)$", name) for name in
+               os.listdir(os.path.join(root, "sys/devices/system/cpu"))) if m]
+    return {cpu for cpu in present if raw(root, "sys/devices/system/cpu/cpu%d/online" % cpu) != "0"}
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_matches_raw_sysfs(dump_roots, name):
+    root = dump_roots[name]
+    facts = read(root)
+    json.dumps(facts)
+    online = online_cpus(root)
+    node_dir = os.path.join(root, "sys/devices/system/node")
+    node_ids = sorted(int(n[4:]) for n in (os.listdir(node_dir) if os.path.isdir(node_dir) else [])
+                      if re.match(r"node\d+$", n))
+    if not node_ids:
+        assert [n["id"] for n in facts["nodes"]] == [0]
+        assert set(facts["nodes"][0]["cpus"]) == online
+        return
+    assert [n["id"] for n in facts["nodes"]] == node_ids
+    covered = set()
+    for node in facts["nodes"]:
+        listed = raw(root, "sys/devices/system/node/node%d/cpulist" % node["id"])
+        if listed is not None:
+            # A CPU claimed by several nodes (broken firmware) stays with the lowest one.
+            assert set(node["cpus"]) == (ids_of(listed) & online) - covered, node["id"]
+        covered |= set(node["cpus"])
+        meminfo = raw(root, "sys/devices/system/node/node%d/meminfo" % node["id"]) or ""
+        total = re.search(r"MemTotal:\s+(\d+)", meminfo)
+        assert node["memory_total_kb"] == (int(total.group(1)) if total else 0)
+        distance = (raw(root, "sys/devices/system/node/node%d/distance" % node["id"]) or "").split()
+        if len(distance) == len(node_ids):
+            assert [node["distances"][str(other)] for other in node_ids] == [int(d) for d in distance]
+    assert covered <= online
+    assert facts["distances"] == [[n["distances"].get(str(o)) for o in node_ids] for n in facts["nodes"]]
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_pci_devices_match_raw_classes(dump_roots, name):
+    root = dump_roots[name]
+    facts = read(root)
+    pci_dir = os.path.join(root, "sys/bus/pci/devices")
+    expected_gpus = []
+    for address in sorted(os.listdir(pci_dir)) if os.path.isdir(pci_dir) else []:
+        device_class = int(raw(root, "sys/bus/pci/devices/%s/class" % address) or "0", 16)
+        vendor = raw(root, "sys/bus/pci/devices/%s/vendor" % address)
+        if device_class >> 8 in (0x0300, 0x0302, 0x0380, 0x1200) and vendor not in ("0x1a03", "0x102b"):
+            expected_gpus.append(address)
+    assert [gpu["address"] for gpu in facts["gpus"]] == expected_gpus
+    for device in facts["gpus"] + facts["nics"] + facts["nvme"]:
+        listed = raw(root, "sys/bus/pci/devices/%s/numa_node" % device["address"])
+        if listed is not None and int(listed) >= 0:
+            assert device["numa_node"] == int(listed)
+
+
+LSTOPO = shutil.which("lstopo-no-graphics")
+
+
+@pytest.mark.skipif(LSTOPO is None, reason="lstopo-no-graphics (Debian package hwloc) not installed")
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_agrees_with_hwloc(dump_roots, name):
+    root = dump_roots[name]
+    env = dict(os.environ, HWLOC_FSROOT=root, HWLOC_COMPONENTS="linux,stop")
+    result = subprocess.run([LSTOPO, "--of", "xml", "-"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    tree = ElementTree.fromstring(result.stdout)
+    hwloc_pus = {int(o.get("os_index")) for o in tree.iter("object") if o.get("type") == "PU"}
+    hwloc_nodes = {int(o.get("os_index")) for o in tree.iter("object") if o.get("type") == "NUMANode"}
+    # hwloc keeps a package that only holds an allowed memory node; compare those with PUs.
+    hwloc_packages = {o.get("os_index") for o in tree.iter("object") if o.get("type") == "Package"
+                      and any(child.get("type") == "PU" for child in o.iter("object"))}
+
+    facts = read(root)
+    allowed = ids_of(facts["cpus"]["allowed"]) or set(range(1 << 16))
+    mems = ids_of(facts["cpus"]["mems_allowed"]) or set(range(1 << 16))
+    ours_pus = set().union(*(set(n["cpus"]) for n in facts["nodes"])) & allowed
+    assert ours_pus == hwloc_pus or not hwloc_pus
+    # hwloc invents one node when the kernel shows none, and discards the NUMA
+    # information of a machine whose nodes claim the same CPUs (we warn instead).
+    ours_nodes = {n["id"] for n in facts["nodes"] if n["id"] in mems}
+    inconsistent = any("firmware NUMA tables are inconsistent" in w for w in facts["warnings"])
+    if not inconsistent:
+        assert ours_nodes == hwloc_nodes or (not hwloc_nodes and len(ours_nodes) == 1)
+    if hwloc_packages and None not in hwloc_packages:
+        ours_packages = {p["id"] for p in facts["cpus"]["packages"] if ids_of(p["cpulist"]) & allowed}
+        assert {int(p) for p in hwloc_packages} == ours_packages
+    for obj in tree.iter("object"):
+        if obj.get("type") == "NUMANode" and obj.get("local_memory") and not inconsistent:
+            node = next(n for n in facts["nodes"] if n["id"] == int(obj.get("os_index")))
+            assert int(obj.get("local_memory")) == node["memory_total_kb"] * 1024
+
+
+def test_numa_facts_module_ad_hoc_on_every_dump(dump_roots, tmp_path):
+    """`ansible localhost -m numa_facts -a root=<dump>` for the whole corpus, in one playbook run."""
+    playbook = tmp_path / "all_dumps.yml"
+    playbook.write_text(
+        "- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+        "    - numa_facts:\n        root: '{{ item }}'\n      loop: %s\n      register: read\n"
+        "    - assert:\n        that:\n"
+        "          - item.ansible_facts.numa.schema_version == 1\n"
+        "          - item.ansible_facts.numa.node_count == (item.ansible_facts.numa.nodes | length)\n"
+        "        quiet: true\n      loop: '{{ read.results }}'\n      loop_control:\n        label: '{{ item.item }}'\n"
+        % json.dumps(sorted(dump_roots.values()))
+    )
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    ansible_playbook = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", ".venv", "bin",
+                                    "ansible-playbook")
+    if not os.path.exists(ansible_playbook):
+        ansible_playbook = shutil.which("ansible-playbook")
+    result = subprocess.run([ansible_playbook, "-i", "localhost,", "-c", "local", "-e",
+                             "ansible_python_interpreter=" + sys.executable, str(playbook)], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "failed=0" in result.stdout
