@@ -1,0 +1,710 @@
+"""Automatic NUMA balancing: desired value, boot-time conflicts, and the plan of changes.
+
+The kernel's automatic NUMA balancing unmaps pages to sample accesses and migrates
+them. On a service whose CPUs and memory are bound on purpose it only adds hinting
+faults and moves pages away from where they were bound, so the kernel documentation
+says to disable it for workloads that are already NUMA-bound.
+
+This module decides; it changes nothing except through ``apply_runtime``. It reads
+``<root>/proc/sys`` and the sysctl configuration under ``<root>`` and returns a
+``Plan``: the runtime writes, the content of the one drop-in file the collection owns
+(``/etc/sysctl.d/60-inferops-numa.conf``), the settings elsewhere that would undo it
+at boot, and what an active tuned profile does to it. The Ansible module writes the
+drop-in (atomic_move) and turns ``NumaError`` into ``fail_json``.
+
+Boot order follows systemd-sysctl (sysctl.d(5)): ``*.conf`` files from /etc/sysctl.d,
+/run/sysctl.d, /usr/local/lib/sysctl.d, /usr/lib/sysctl.d and /lib/sysctl.d; a name
+found in an earlier directory hides the same name in later ones (a symlink to
+/dev/null disables it); the survivors are applied sorted by file name whatever their
+directory, and a later assignment wins. /etc/sysctl.conf is treated as applied after
+every sysctl.d file: Debian reaches it through the 99-sysctl.conf symlink, and
+``sysctl --system`` (procps, also used by tuned) reads it last.
+"""
+
+import configparser
+import errno
+import os
+import posixpath
+import re
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+
+from .errors import NumaError
+
+BALANCING_KEY = "kernel.numa_balancing"
+ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
+STATE_VALUES = {"disabled": 0, "enabled": 1, "tiering": 2}
+
+DROPIN_NAME = "60-inferops-numa.conf"
+DROPIN_PATH = "/etc/sysctl.d/" + DROPIN_NAME
+SYSCTL_CONF = "/etc/sysctl.conf"
+# Highest precedence first (sysctl.d(5)); /lib is a separate tree on non-merged-/usr systems.
+SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
+MASK_TARGET = "/dev/null"
+
+TUNED_ACTIVE = "/etc/tuned/active_profile"
+TUNED_MAIN = "/etc/tuned/tuned-main.conf"
+# Where tuned finds a profile, user directories first (tuned >= 2.23 adds the profiles/ level).
+TUNED_PROFILE_DIRS = ("/etc/tuned/profiles", "/etc/tuned", "/usr/lib/tuned/profiles", "/usr/lib/tuned")
+# Options of a tuned unit that are not sysctl names.
+TUNED_UNIT_OPTIONS = frozenset(("type", "enabled", "replace", "drop", "devices", "devices_udev_regex",
+                                "priority", "script", "include"))
+
+VMSTAT_COUNTERS = ("numa_pte_updates", "numa_hint_faults")
+BECOME_FIX = "run the module as root (become: true)"
+_MAX_SYMLINKS = 40
+_GLOB_CHARS = re.compile(r"[*?\[]")
+_TRUE_WORDS = frozenset(("1", "true", "yes", "on", "y"))
+_FALSE_WORDS = frozenset(("0", "false", "no", "off", "n"))
+
+
+class Request(NamedTuple):
+    """What the caller asked for (the module's options)."""
+
+    state: str = "disabled"
+    value: Optional[int] = None
+    persist: bool = True
+    zone_reclaim_mode: Optional[int] = None
+    on_conflict: str = "fail"
+
+
+class ConfFile(NamedTuple):
+    """A sysctl configuration file as systemd-sysctl sees it."""
+
+    path: str  # root-relative, e.g. /usr/lib/sysctl.d/50-default.conf
+    target: str  # root-relative path it finally points to (== path unless a symlink)
+
+
+class Assignment(NamedTuple):
+    key: str  # path form from canonical_key, e.g. kernel/numa_balancing
+    value: str
+    line: int
+
+
+class Setting(NamedTuple):
+    """An assignment of a key we manage, in boot order."""
+
+    path: str
+    key: str  # dotted name as in BALANCING_KEY
+    value: str
+    line: int
+    position: int  # index of its file in the boot sequence
+
+
+class Plan(NamedTuple):
+    """Everything the module needs to act and report; built by ``make_plan``."""
+
+    root: str
+    supported: bool
+    desired: Dict[str, int]  # sysctl name -> value, in drop-in order
+    before: Dict[str, int]  # runtime values read now
+    dropin_before: Optional[str]  # current drop-in content, None when absent
+    dropin_after: Optional[str]  # wanted drop-in content, None when it must not exist
+    conflicts: List[Dict[str, object]]
+    tuned: Optional[Dict[str, object]]
+    notes: List[str]  # informational, folded into msg
+    warnings: List[str]
+    error: Optional[str]  # set when on_conflict=fail and the boot config would undo us
+
+    @property
+    def after(self) -> Dict[str, int]:
+        merged = dict(self.before)
+        merged.update(self.desired)
+        return merged
+
+    @property
+    def runtime_changes(self) -> List[Tuple[str, int]]:
+        if not self.supported:
+            return []
+        return [(key, value) for key, value in self.desired.items() if self.before.get(key) != value]
+
+    @property
+    def dropin_changed(self) -> bool:
+        return self.dropin_before != self.dropin_after
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.runtime_changes) or self.dropin_changed
+
+    @property
+    def dropin_file(self) -> str:
+        return host_path(self.root, DROPIN_PATH)
+
+
+# ---------------------------------------------------------------- paths and keys
+
+
+def host_path(root: str, path: str) -> str:
+    """``path`` (absolute on the target) under the ``root`` prefix."""
+    return os.path.normpath(os.path.join(root, path.lstrip("/")))
+
+
+def knob_path(root: str, key: str) -> str:
+    return host_path(root, "/proc/sys/" + key.replace(".", "/"))
+
+
+def canonical_key(key: str) -> str:
+    """Path form of a sysctl name written with either separator, as systemd-sysctl compares them.
+
+    sysctl.d(5): if the first separator is a slash the name is already a path (dots stay
+    dots: net/ipv4/conf/eth0.200/...); if it is a dot, dots and slashes swap.
+    """
+    key = key.strip()
+    first = re.search(r"[./]", key)
+    if first is not None and first.group(0) == ".":
+        key = key.translate(str.maketrans("./", "/."))
+    return re.sub(r"/+", "/", key).strip("/")
+
+
+def desired_value(state: str, value: Optional[int]) -> int:
+    if state == "raw":
+        if value is None:
+            raise NumaError("state=raw needs value: set value to the integer to write to %s" % BALANCING_KEY)
+        if value < 0:
+            raise NumaError("value must be >= 0 (got %d): %s is a bit mask" % (value, BALANCING_KEY))
+        return value
+    if value is not None:
+        raise NumaError("value is only used with state=raw: drop value, or set state=raw")
+    if state not in STATE_VALUES:
+        raise NumaError("unknown state %r: use one of disabled, enabled, tiering, raw" % state)
+    return STATE_VALUES[state]
+
+
+def by_path(keys: List[str]) -> Dict[str, str]:
+    """canonical_key form -> dotted name, to match any spelling of the keys we manage."""
+    return {canonical_key(key): key for key in keys}
+
+
+def same_value(written: str, wanted: int) -> bool:
+    try:
+        return int(written.split()[0]) == wanted
+    except (ValueError, IndexError):
+        return False
+
+
+# ---------------------------------------------------------------- sysctl.d parsing
+
+
+def parse_sysctl(text: str) -> List[Assignment]:
+    """Assignments in a sysctl.d/sysctl.conf text, as systemd-sysctl reads them.
+
+    Comment lines start with '#' or ';' after optional whitespace; a leading '-' on
+    the key only means "ignore errors"; a bare '-key' (no '=') excludes a key from glob
+    matching and assigns nothing; a line without '=' is a syntax error systemd skips.
+    Glob keys are skipped: systemd never applies a glob to a key that an explicit
+    assignment (ours) sets.
+    """
+    found = []  # type: List[Assignment]
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#;" or "=" not in line:
+            continue
+        key, value = line.split("=", 1)
+        key = key.strip()
+        key = key[1:].strip() if key.startswith("-") else key
+        if not key or _GLOB_CHARS.search(key):
+            continue
+        found.append(Assignment(canonical_key(key), value.strip(), number))
+    return found
+
+
+def render_dropin(desired: Dict[str, int], state: str) -> str:
+    lines = [
+        "# Managed by Ansible: inferops.numa numa_balancing module. Local edits are overwritten;",
+        "# change the module's options instead. See the collection's docs/numa_balancing.md.",
+        "# Automatic NUMA balancing unmaps pages to sample accesses and migrates them: on",
+        "# inference services whose CPUs and memory are bound on purpose it adds fault stalls",
+        "# and moves bound pages, so the kernel docs advise disabling it for NUMA-bound work.",
+        "# Requested state: %s." % state,
+    ]
+    lines.extend("%s = %d" % (key, value) for key, value in desired.items())
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- boot order
+
+
+def resolve(root: str, path: str) -> str:
+    """Root-relative path that ``path`` finally points to, following symlinks inside root.
+
+    Absolute link targets are taken relative to ``root`` (as they would be on the
+    target), so a fake root never leaks into the host's files.
+    """
+    current = path
+    for _hop in range(_MAX_SYMLINKS):
+        real = host_path(root, current)
+        if not os.path.islink(real):
+            return current
+        target = os.readlink(real)
+        if not target.startswith("/"):
+            target = posixpath.join(posixpath.dirname(current), target)
+        current = posixpath.normpath(target)
+    return current
+
+
+def _listing(root: str, directory: str) -> List[str]:
+    try:
+        names = os.listdir(host_path(root, directory))
+    except OSError:
+        return []
+    # systemd skips hidden files and anything not named *.conf or not a file.
+    return [name for name in names
+            if name.endswith(".conf") and not name.startswith(".")
+            and not os.path.isdir(host_path(root, directory + "/" + name))]
+
+
+def boot_sequence(root: str, with_ours: bool) -> List[ConfFile]:
+    """sysctl files in the order they are applied at boot; /etc/sysctl.conf last.
+
+    The drop-in on disk is left out: ``with_ours`` puts it where its name sorts (its
+    wanted content is applied by the caller). Without it, a same-named file in /run or
+    /usr/lib that ours would have hidden takes its place.
+    """
+    by_name = {}  # type: Dict[str, ConfFile]
+    for directory in SYSCTL_DIRS:
+        for name in _listing(root, directory):
+            path = directory + "/" + name
+            if name not in by_name and path != DROPIN_PATH:
+                by_name[name] = ConfFile(path, resolve(root, path))
+    if with_ours:
+        by_name[DROPIN_NAME] = ConfFile(DROPIN_PATH, DROPIN_PATH)
+    ordered = [by_name[name] for name in sorted(by_name) if by_name[name].target != SYSCTL_CONF]
+    if os.path.isfile(host_path(root, SYSCTL_CONF)):
+        ordered.append(ConfFile(SYSCTL_CONF, SYSCTL_CONF))
+    return ordered
+
+
+def _read_text(root: str, conf: ConfFile, warnings: List[str]) -> str:
+    if conf.target == MASK_TARGET:
+        return ""
+    try:
+        with open(host_path(root, conf.target), encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError as exc:
+        warnings.append("%s: cannot read (%s); its settings were not checked"
+                        % (host_path(root, conf.path), exc.strerror or exc))
+        return ""
+
+
+def boot_settings(root: str, keys: List[str], dropin: Optional[str],
+                  warnings: List[str]) -> Tuple[List[Setting], int]:
+    """Assignments of ``keys`` in boot order, and the position of our drop-in (-1: none)."""
+    sequence = boot_sequence(root, dropin is not None)
+    wanted = by_path(keys)
+    settings = []  # type: List[Setting]
+    ours = -1
+    for position, conf in enumerate(sequence):
+        if conf.path == DROPIN_PATH:
+            ours = position
+            text = dropin or ""
+        else:
+            text = _read_text(root, conf, warnings)
+        settings.extend(Setting(conf.path, wanted[a.key], a.value, a.line, position)
+                        for a in parse_sysctl(text) if a.key in wanted)
+    return settings, ours
+
+
+def find_conflicts(root: str, settings: List[Setting], ours: int,
+                   desired: Dict[str, int]) -> List[Dict[str, object]]:
+    """Other files' settings that differ from ours, each with whether it wins at boot."""
+    winners = {}  # type: Dict[str, Setting]
+    for setting in settings:
+        winners[setting.key] = setting
+    conflicts = []  # type: List[Dict[str, object]]
+    for setting in settings:
+        if setting.path == DROPIN_PATH or same_value(setting.value, desired[setting.key]):
+            continue
+        conflicts.append({
+            "file": host_path(root, setting.path),
+            "key": setting.key,
+            "value": setting.value,
+            "line": setting.line,
+            "applied_after_ours": ours < 0 or setting.position > ours,
+            "wins_at_boot": winners[setting.key] is setting,
+            "fix": _conflict_fix(root, setting),
+        })
+    return conflicts
+
+
+def _conflict_fix(root: str, setting: Setting) -> str:
+    where = host_path(root, setting.path)
+    if setting.path.startswith("/etc/"):
+        return "remove or change line %d of %s" % (setting.line, where)
+    # Files under /usr, /lib and /run belong to packages or generators: an edit would not last.
+    return ("mask %s with a same-named symlink to /dev/null in /etc/sysctl.d (that disables the whole file), "
+            "or override it in an /etc/sysctl.d file that sorts after it" % where)
+
+
+def _where(conflict: Dict[str, object]) -> str:
+    return "%s = %s in %s (line %s)" % (conflict["key"], conflict["value"], conflict["file"], conflict["line"])
+
+
+def describe_conflict(conflict: Dict[str, object], dropin: str, accepted: bool) -> str:
+    tail = "Accepted because on_conflict=warn." if accepted else "Or set on_conflict=warn to accept it."
+    return ("%s is applied after %s at boot and wins, so the setting comes back after a reboot. Fix: %s. %s"
+            % (_where(conflict), dropin, conflict["fix"], tail))
+
+
+def _describe_harmless(conflict: Dict[str, object], dropin: str) -> str:
+    if conflict["applied_after_ours"]:
+        return "%s is applied after %s but a later file sets the wanted value again" % (_where(conflict), dropin)
+    return "%s is applied before %s, which overrides it" % (_where(conflict), dropin)
+
+
+# ---------------------------------------------------------------- tuned
+
+
+def _parse_bool(text: str, default: bool) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE_WORDS:
+        return True
+    if word in _FALSE_WORDS:
+        return False
+    return default
+
+
+def _tuned_reapplies_sysctl(root: str) -> bool:
+    """tuned-main.conf ``reapply_sysctl`` (default on): re-run /etc/sysctl.d after the profile."""
+    try:
+        with open(host_path(root, TUNED_MAIN), encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return True
+    value = True
+    for line in lines:
+        key, sep, rest = line.partition("=")
+        if sep and key.strip() == "reapply_sysctl":
+            value = _parse_bool(rest.split("#")[0], True)
+    return value
+
+
+def _find_profile(root: str, name: str, seen: List[str]) -> Optional[str]:
+    for directory in TUNED_PROFILE_DIRS:
+        path = "%s/%s/tuned.conf" % (directory, posixpath.basename(name))
+        # A profile in /etc may include the vendor profile of the same name.
+        if path not in seen and os.path.isfile(host_path(root, path)):
+            return path
+    return None
+
+
+def _read_profile(root: str, path: str) -> configparser.ConfigParser:
+    parser = configparser.ConfigParser(delimiters=("=",), inline_comment_prefixes=("#",),
+                                       strict=False, interpolation=None)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    with open(host_path(root, path), encoding="utf-8", errors="replace") as handle:
+        parser.read_file(handle, path)
+    return parser
+
+
+def _profile_sysctls(parser: configparser.ConfigParser) -> List[Tuple[str, str]]:
+    found = []  # type: List[Tuple[str, str]]
+    for section in parser.sections():
+        if section != "sysctl" and parser.get(section, "type", fallback="") != "sysctl":
+            continue
+        if not _parse_bool(parser.get(section, "enabled", fallback="true"), True):
+            continue
+        found.extend((canonical_key(option), value) for option, value in parser.items(section)
+                     if option not in TUNED_UNIT_OPTIONS)
+    return found
+
+
+def _load_tuned(root: str, names: List[str], seen: List[str], settings: Dict[str, Dict[str, str]],
+                warnings: List[str]) -> None:
+    """Walk profiles the way tuned loads them: includes first, the including profile last wins.
+
+    ``settings`` maps canonical_key form -> the last assignment seen.
+    """
+    for name in filter(None, names):
+        if "$" in name:
+            warnings.append("tuned include %r uses a variable; that profile was not checked" % name)
+            continue
+        path = _find_profile(root, name, seen)
+        if path is None:
+            warnings.append("tuned profile %r not found under %s" % (name, ", ".join(TUNED_PROFILE_DIRS)))
+            continue
+        seen.append(path)
+        try:
+            parser = _read_profile(root, path)
+        except (OSError, configparser.Error) as exc:
+            warnings.append("%s: cannot parse tuned profile (%s)" % (host_path(root, path), exc))
+            continue
+        include = parser.get("main", "include", fallback="").strip()
+        if include:
+            _load_tuned(root, re.split(r"\s*[,;]\s*", include), seen, settings, warnings)
+        for key, value in _profile_sysctls(parser):
+            settings[key] = {"profile": name, "file": host_path(root, path), "value": value}
+
+
+def read_tuned(root: str, keys: List[str], warnings: List[str]) -> Optional[Dict[str, object]]:
+    """The active tuned profile and what it sets for ``keys``; None when none is active."""
+    try:
+        with open(host_path(root, TUNED_ACTIVE), encoding="utf-8", errors="replace") as handle:
+            names = handle.read().split()
+    except OSError:
+        return None
+    if not names:
+        return None
+    settings = {}  # type: Dict[str, Dict[str, str]]
+    seen = []  # type: List[str]
+    _load_tuned(root, names, seen, settings, warnings)
+    found = [dict(settings[path], key=key) for path, key in by_path(keys).items() if path in settings]
+    return {
+        "active_profile": " ".join(names),
+        "files": [host_path(root, path) for path in seen],
+        "settings": found,
+        "reapply_sysctl": _tuned_reapplies_sysctl(root),
+    }
+
+
+def describe_tuned(tuned: Dict[str, object], setting: Dict[str, str], ours_persisted: bool) -> str:
+    head = ("tuned profile '%s' sets %s = %s in %s; tuned writes it when it starts (after systemd-sysctl) "
+            "and on every profile switch. " % (setting["profile"], setting["key"], setting["value"], setting["file"]))
+    if tuned["reapply_sysctl"] and ours_persisted:
+        effect = ("With reapply_sysctl on it then re-applies /etc/sysctl.d, so this module's value returns, "
+                  "but the knob flips in between. ")
+    else:
+        effect = "Its value stays in force until this module runs again. "
+    return head + effect + ("Fix: remove the line from the profile, or activate a custom profile that includes "
+                            "'%s' and sets %s to the wanted value." % (setting["profile"], setting["key"]))
+
+
+# ---------------------------------------------------------------- runtime knobs
+
+
+def read_runtime(root: str, key: str) -> Optional[int]:
+    """Current value of a /proc/sys knob; None when this kernel does not have it."""
+    path = knob_path(root, key)
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            text = handle.read().strip()
+    except FileNotFoundError:
+        return None
+    except PermissionError as exc:
+        raise NumaError("cannot read %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
+    except OSError as exc:
+        raise NumaError("cannot read %s (%s): check that /proc is mounted" % (path, exc.strerror or exc))
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):
+        raise NumaError("%s holds %r, not an integer: is %s the procfs of a Linux host?" % (path, text, root))
+
+
+def _write_error(path: str, key: str, value: int, exc: OSError) -> NumaError:
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return NumaError("cannot write %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
+    if exc.errno == errno.EROFS:
+        return NumaError("cannot write %s: /proc/sys is read-only here (a container?); run the module on the "
+                         "host, %s is not namespaced" % (path, key))
+    if exc.errno == errno.EINVAL:
+        hint = " (tiering mode needs Linux >= 5.18)" if key == BALANCING_KEY and value >= 2 else ""
+        return NumaError("the kernel rejected %s = %d%s: choose a value this kernel supports" % (key, value, hint))
+    return NumaError("cannot write %s (%s)" % (path, exc.strerror or exc))
+
+
+def write_runtime(root: str, key: str, value: int) -> None:
+    path = knob_path(root, key)
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write("%d\n" % value)
+    except OSError as exc:
+        raise _write_error(path, key, value, exc)
+    now = read_runtime(root, key)
+    if now != value:
+        raise NumaError("wrote %d to %s but the kernel reports %s: something rewrites it, see the tuned and "
+                        "conflicts results" % (value, path, now))
+
+
+def apply_runtime(plan: Plan) -> None:
+    """Make the running kernel match the plan; the drop-in is the caller's (atomic_move)."""
+    for key, value in plan.runtime_changes:
+        write_runtime(plan.root, key, value)
+
+
+def dropin_write_error(path: str, exc: OSError) -> NumaError:
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return NumaError("cannot write %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
+    return NumaError("cannot write %s (%s)" % (path, exc.strerror or exc))
+
+
+def read_dropin(root: str) -> Optional[str]:
+    path = host_path(root, DROPIN_PATH)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise NumaError("cannot read %s (%s): %s" % (path, exc.strerror or exc, BECOME_FIX))
+
+
+# ---------------------------------------------------------------- /proc/vmstat
+
+
+def read_vmstat(root: str) -> Dict[str, Optional[int]]:
+    counters = dict.fromkeys(VMSTAT_COUNTERS)  # type: Dict[str, Optional[int]]
+    try:
+        with open(host_path(root, "/proc/vmstat"), encoding="ascii", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return counters
+    for line in lines:
+        fields = line.split()
+        if len(fields) == 2 and fields[0] in counters and fields[1].isdigit():
+            counters[fields[0]] = int(fields[1])
+    return counters
+
+
+def sample_vmstat(root: str, seconds: float,
+                  sleep: Callable[[float], None] = time.sleep) -> Dict[str, Optional[float]]:
+    """Growth of the balancing counters over ``seconds``; None for a counter the kernel lacks.
+
+    With balancing off the scanner stops, so both must stay flat.
+    """
+    first = read_vmstat(root)
+    sleep(seconds)
+    second = read_vmstat(root)
+    delta = {"seconds": seconds}  # type: Dict[str, Optional[float]]
+    for name in VMSTAT_COUNTERS:
+        start, end = first[name], second[name]
+        delta[name] = None if start is None or end is None else end - start
+    return delta
+
+
+def verify(plan: Plan, seconds: float, check_mode: bool,
+           sleep: Callable[[float], None] = time.sleep) -> Tuple[Dict[str, Optional[float]], Optional[str]]:
+    """Sample the counters after acting; a warning when they move although balancing is off."""
+    if seconds <= 0:
+        raise NumaError("verify_seconds must be > 0 (got %s): drop it to skip the check" % seconds)
+    delta = sample_vmstat(plan.root, seconds, sleep)
+    # In check mode nothing was written, so only an already-disabled knob must be flat.
+    now = plan.before[BALANCING_KEY] if check_mode else plan.after[BALANCING_KEY]
+    return delta, vmstat_warning(delta) if now == 0 else None
+
+
+def vmstat_warning(delta: Dict[str, Optional[float]]) -> Optional[str]:
+    moving = ["%s +%d" % (name, delta[name]) for name in VMSTAT_COUNTERS if delta[name]]
+    missing = [name for name in VMSTAT_COUNTERS if delta[name] is None]
+    if moving:
+        return ("NUMA balancing is still scanning after it was disabled (%s in %ss): something re-enabled it; "
+                "see conflicts and tuned" % (", ".join(moving), delta["seconds"]))
+    if missing:
+        return "/proc/vmstat has no %s: the balancing counters could not be checked" % ", ".join(missing)
+    return None
+
+
+# ---------------------------------------------------------------- plan
+
+
+def _unsupported(root: str, desired: Dict[str, int]) -> Plan:
+    if not os.path.isdir(host_path(root, "/proc/sys/kernel")):
+        why = "%s does not exist (is procfs mounted under root?)" % host_path(root, "/proc/sys/kernel")
+    else:
+        why = ("this kernel has no %s (built without CONFIG_NUMA_BALANCING, or a non-NUMA VM kernel)"
+               % knob_path(root, BALANCING_KEY))
+    note = "NUMA balancing is not supported: %s; nothing to disable, nothing written" % why
+    return Plan(root, False, desired, {}, None, None, [], None, [note], [], None)
+
+
+def _read_before(root: str, desired: Dict[str, int]) -> Dict[str, int]:
+    before = {}  # type: Dict[str, int]
+    for key in (BALANCING_KEY, ZONE_RECLAIM_KEY):
+        value = read_runtime(root, key)
+        if value is not None:
+            before[key] = value
+        elif key in desired:
+            raise NumaError("zone_reclaim_mode was requested but %s does not exist on this kernel: "
+                            "drop the option" % knob_path(root, key))
+    return before
+
+
+def _boot_review(root: str, request: Request, desired: Dict[str, int], dropin: Optional[str],
+                 notes: List[str], warnings: List[str]) -> Tuple[List[Dict[str, object]], Optional[str]]:
+    settings, position = boot_settings(root, list(desired), dropin, warnings)
+    conflicts = find_conflicts(root, settings, position, desired)
+    ours = host_path(root, DROPIN_PATH)
+    losing = [c for c in conflicts if c["wins_at_boot"]]
+    notes.extend(_describe_harmless(c, ours) for c in conflicts if not c["wins_at_boot"])
+    if not request.persist:
+        warnings.extend("persist is false: %s sets it at boot" % _where(c) for c in losing)
+        return conflicts, None
+    if request.on_conflict == "warn":
+        warnings.extend(describe_conflict(c, ours, True) for c in losing)
+        return conflicts, None
+    error = " ".join(describe_conflict(c, ours, False) for c in losing) or None
+    return conflicts, error
+
+
+def _tuned_review(root: str, desired: Dict[str, int], persisted: bool,
+                  warnings: List[str]) -> Optional[Dict[str, object]]:
+    tuned = read_tuned(root, list(desired), warnings)
+    if tuned is None:
+        return None
+    for setting in tuned["settings"]:  # type: ignore[attr-defined]
+        if not same_value(setting["value"], desired[setting["key"]]):
+            warnings.append(describe_tuned(tuned, setting, persisted))
+    return tuned
+
+
+def make_plan(root: str, request: Request) -> Plan:
+    """Read the host under ``root`` and decide what to change; writes nothing."""
+    if request.on_conflict not in ("fail", "warn"):
+        raise NumaError("on_conflict must be fail or warn, not %r" % request.on_conflict)
+    if request.zone_reclaim_mode is not None and request.zone_reclaim_mode < 0:
+        raise NumaError("zone_reclaim_mode must be >= 0 (a bit mask: 1 reclaim, 2 write dirty pages, 4 swap)")
+    desired = {BALANCING_KEY: desired_value(request.state, request.value)}
+    if request.zone_reclaim_mode is not None:
+        desired[ZONE_RECLAIM_KEY] = request.zone_reclaim_mode
+    if read_runtime(root, BALANCING_KEY) is None:
+        return _unsupported(root, desired)
+    before = _read_before(root, desired)
+    dropin_after = render_dropin(desired, request.state) if request.persist else None
+    notes = []  # type: List[str]
+    warnings = []  # type: List[str]
+    conflicts, error = _boot_review(root, request, desired, dropin_after, notes, warnings)
+    tuned = _tuned_review(root, desired, request.persist, warnings)
+    return Plan(root, True, desired, before, read_dropin(root), dropin_after, conflicts, tuned,
+                notes, warnings, error)
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def summary(plan: Plan, check_mode: bool) -> str:
+    if not plan.supported:
+        return "; ".join(plan.notes)
+    parts = ["%s %s %d -> %d" % ("would set" if check_mode else "set", key, plan.before[key], value)
+             for key, value in plan.runtime_changes]
+    if not plan.runtime_changes:
+        parts.append("runtime already %s" % ", ".join("%s = %d" % item for item in plan.desired.items()))
+    if plan.dropin_changed:
+        verbs = ("would write", "wrote") if plan.dropin_after is not None else ("would remove", "removed")
+        parts.append("%s %s" % (verbs[0] if check_mode else verbs[1], plan.dropin_file))
+    elif plan.dropin_after is not None:
+        parts.append("%s up to date" % plan.dropin_file)
+    return "; ".join(parts + plan.notes)
+
+
+def result(plan: Plan, check_mode: bool) -> Dict[str, object]:
+    """The module's return values (without diff and vmstat_delta)."""
+    return {
+        "changed": plan.changed,
+        "supported": plan.supported,
+        "before": plan.before,
+        "after": plan.after if plan.supported else {},
+        "persisted_file": plan.dropin_file if plan.dropin_after is not None else None,
+        "conflicts": plan.conflicts,
+        "tuned": plan.tuned,
+        "msg": summary(plan, check_mode),
+    }
+
+
+def diff(plan: Plan) -> List[Dict[str, str]]:
+    """Ansible diff entries: the drop-in file, then the runtime knobs."""
+    return [
+        {"before_header": plan.dropin_file, "after_header": plan.dropin_file,
+         "before": plan.dropin_before or "", "after": plan.dropin_after or ""},
+        {"before_header": knob_path(plan.root, "") + " (runtime)",
+         "after_header": knob_path(plan.root, "") + " (runtime)",
+         "before": "".join("%s = %d\n" % (key, plan.before[key]) for key in plan.desired if key in plan.before),
+         "after": "".join("%s = %d\n" % item for item in plan.desired.items())},
+    ]

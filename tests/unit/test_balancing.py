@@ -1,0 +1,500 @@
+"""numa_balancing logic (module_utils/numa/balancing.py) on fake roots: issue 4, every branch."""
+import errno
+import os
+
+import pytest
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing as b
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+
+from tests.unit.balancing_fakeroot import FakeRoot
+
+OURS = "/etc/sysctl.d/60-inferops-numa.conf"
+
+
+@pytest.fixture
+def host(tmp_path):
+    return FakeRoot(tmp_path).knobs(balancing=1, zone_reclaim=0).debian()
+
+
+def plan(host, **request):
+    return b.make_plan(host.path, b.Request(**request))
+
+
+def sequence(host, with_ours=False):
+    return [conf.path for conf in b.boot_sequence(host.path, with_ours)]
+
+
+# ---------------------------------------------------------------- values and keys
+
+
+@pytest.mark.parametrize("state,value,expected", [
+    ("disabled", None, 0), ("enabled", None, 1), ("tiering", None, 2), ("raw", 3, 3), ("raw", 0, 0)])
+def test_desired_value(state, value, expected):
+    assert b.desired_value(state, value) == expected
+
+
+@pytest.mark.parametrize("state,value,words", [
+    ("raw", None, "state=raw needs value"),
+    ("raw", -1, "must be >= 0"),
+    ("disabled", 1, "only used with state=raw"),
+    ("off", None, "unknown state"),
+])
+def test_desired_value_refuses(state, value, words):
+    with pytest.raises(NumaError, match=words):
+        b.desired_value(state, value)
+
+
+@pytest.mark.parametrize("spelling", [
+    "kernel.numa_balancing", "kernel/numa_balancing", " kernel.numa_balancing ", "/kernel/numa_balancing",
+    "kernel//numa_balancing"])
+def test_canonical_key_spellings_match(spelling):
+    assert b.canonical_key(spelling) == "kernel/numa_balancing"
+
+
+def test_canonical_key_keeps_dots_inside_a_slash_path():
+    # sysctl.d(5): both name the same knob; the dot belongs to the interface name eth0.200.
+    assert b.canonical_key("net.ipv4.conf.eth0/200.forwarding") == "net/ipv4/conf/eth0.200/forwarding"
+    assert b.canonical_key("net/ipv4/conf/eth0.200/forwarding") == "net/ipv4/conf/eth0.200/forwarding"
+    assert b.canonical_key("/kernel.numa_balancing") != "kernel/numa_balancing"
+
+
+# ---------------------------------------------------------------- parsing
+
+
+def test_parse_sysctl_syntax():
+    text = "\n".join([
+        "# comment kernel.numa_balancing = 1",  # 1
+        "; kernel.numa_balancing = 1",  # 2 also a comment
+        "   kernel.numa_balancing=1",  # 3 leading whitespace
+        "-kernel/numa_balancing = 2 ",  # 4 '-' only means ignore errors
+        "-kernel.sched_*",  # 5 glob exclusion, assigns nothing
+        "kernel.numa_* = 1",  # 6 glob: systemd never applies it over an explicit key
+        "not an assignment",  # 7 syntax error, skipped
+        "",
+        "vm.zone_reclaim_mode\t=\t1",  # 9
+        "= 5",  # 10 no key
+        "kernel.numa_balancing = 0 # trailing text is part of the value",  # 11
+    ])
+    found = b.parse_sysctl(text)
+    assert [(a.key, a.value, a.line) for a in found] == [
+        ("kernel/numa_balancing", "1", 3),
+        ("kernel/numa_balancing", "2", 4),
+        ("vm/zone_reclaim_mode", "1", 9),
+        ("kernel/numa_balancing", "0 # trailing text is part of the value", 11),
+    ]
+
+
+@pytest.mark.parametrize("written,wanted,same", [("0", 0, True), ("00", 0, True), ("1", 0, False),
+                                                 ("0 # x", 0, True), ("yes", 1, False), ("", 0, False)])
+def test_same_value(written, wanted, same):
+    assert b.same_value(written, wanted) is same
+
+
+def test_render_dropin_has_header_and_keys():
+    text = b.render_dropin({"kernel.numa_balancing": 0, "vm.zone_reclaim_mode": 0}, "disabled")
+    header = [line for line in text.splitlines() if line.startswith("#")]
+    assert any("Managed by Ansible" in line and "inferops.numa" in line for line in header)
+    assert any("NUMA-bound" in line for line in header)
+    assert [a.key for a in b.parse_sysctl(text)] == ["kernel/numa_balancing", "vm/zone_reclaim_mode"]
+    assert text.endswith("kernel.numa_balancing = 0\nvm.zone_reclaim_mode = 0\n")
+
+
+# ---------------------------------------------------------------- boot order
+
+
+def test_boot_sequence_sorts_by_name_across_directories(tmp_path):
+    host = FakeRoot(tmp_path)
+    host.file("/usr/lib/sysctl.d/10-a.conf", "").file("/etc/sysctl.d/20-b.conf", "")
+    host.file("/run/sysctl.d/15-c.conf", "").file("/usr/local/lib/sysctl.d/30-d.conf", "")
+    host.file("/lib/sysctl.d/05-e.conf", "").file("/etc/sysctl.d/zz-last.conf", "")
+    assert sequence(host) == ["/lib/sysctl.d/05-e.conf", "/usr/lib/sysctl.d/10-a.conf", "/run/sysctl.d/15-c.conf",
+                              "/etc/sysctl.d/20-b.conf", "/usr/local/lib/sysctl.d/30-d.conf",
+                              "/etc/sysctl.d/zz-last.conf"]
+
+
+def test_boot_sequence_same_name_precedence(tmp_path):
+    host = FakeRoot(tmp_path)
+    host.file("/usr/lib/sysctl.d/50-x.conf", "").file("/run/sysctl.d/50-x.conf", "")
+    host.file("/run/sysctl.d/40-y.conf", "").file("/lib/sysctl.d/40-y.conf", "")
+    host.file("/etc/sysctl.d/30-z.conf", "").file("/run/sysctl.d/30-z.conf", "").file("/usr/lib/sysctl.d/30-z.conf", "")
+    assert sequence(host) == ["/etc/sysctl.d/30-z.conf", "/run/sysctl.d/40-y.conf", "/run/sysctl.d/50-x.conf"]
+
+
+def test_boot_sequence_skips_hidden_non_conf_and_directories(tmp_path):
+    host = FakeRoot(tmp_path)
+    host.file("/etc/sysctl.d/.hidden.conf", "").file("/etc/sysctl.d/notes.txt", "")
+    host.file("/etc/sysctl.d/dir.conf/inner", "").file("/etc/sysctl.d/10-ok.conf", "")
+    assert sequence(host) == ["/etc/sysctl.d/10-ok.conf"]
+
+
+def test_debian_sysctl_conf_symlink_is_applied_last_once(host):
+    host.file("/usr/lib/sysctl.d/zz-vendor.conf", "")
+    assert sequence(host) == ["/usr/lib/sysctl.d/50-pid-max.conf", "/usr/lib/sysctl.d/99-protect-links.conf",
+                              "/usr/lib/sysctl.d/zz-vendor.conf", "/etc/sysctl.conf"]
+
+
+def test_sysctl_conf_without_symlink_is_still_last(tmp_path):
+    host = FakeRoot(tmp_path).file("/etc/sysctl.conf", "").file("/usr/lib/sysctl.d/99-zz.conf", "")
+    assert sequence(host, with_ours=True) == [OURS, "/usr/lib/sysctl.d/99-zz.conf", "/etc/sysctl.conf"]
+
+
+def test_ours_is_placed_by_name_and_hides_a_vendor_file_of_the_same_name(tmp_path):
+    host = FakeRoot(tmp_path).file("/usr/lib/sysctl.d/50-default.conf", "")
+    host.file("/usr/lib/sysctl.d/60-inferops-numa.conf", "").file("/usr/lib/sysctl.d/70-after.conf", "")
+    assert sequence(host, with_ours=True) == ["/usr/lib/sysctl.d/50-default.conf", OURS,
+                                              "/usr/lib/sysctl.d/70-after.conf"]
+    # Without our drop-in (persist=false) the vendor file of that name is what boot applies.
+    assert "/usr/lib/sysctl.d/60-inferops-numa.conf" in sequence(host)
+
+
+def test_resolve_keeps_absolute_links_inside_root(tmp_path):
+    host = FakeRoot(tmp_path).file("/srv/conf/numa.conf", "kernel.numa_balancing = 1\n")
+    host.symlink("/etc/sysctl.d/70-link.conf", "/srv/conf/numa.conf")
+    host.symlink("/etc/sysctl.d/71-masked.conf", "/dev/null")
+    assert b.resolve(host.path, "/etc/sysctl.d/70-link.conf") == "/srv/conf/numa.conf"
+    assert b.resolve(host.path, "/etc/sysctl.d/71-masked.conf") == "/dev/null"
+
+
+# ---------------------------------------------------------------- conflicts
+
+
+def test_conflict_after_ours_fails_naming_the_file(host):
+    host.file("/etc/sysctl.d/99-zz.conf", "# tuning\nvm.swappiness = 10\nkernel.numa_balancing = 1\n")
+    result = plan(host)
+    assert result.conflicts == [{
+        "file": host.real("/etc/sysctl.d/99-zz.conf"), "key": "kernel.numa_balancing", "value": "1", "line": 3,
+        "applied_after_ours": True, "wins_at_boot": True,
+        "fix": "remove or change line 3 of %s" % host.real("/etc/sysctl.d/99-zz.conf")}]
+    assert result.error is not None
+    assert host.real("/etc/sysctl.d/99-zz.conf") in result.error and "line 3" in result.error
+    assert "on_conflict=warn" in result.error and "after a reboot" in result.error
+
+
+def test_conflict_with_on_conflict_warn_becomes_a_warning(host):
+    host.file("/etc/sysctl.d/99-zz.conf", "kernel.numa_balancing = 1\n")
+    result = plan(host, on_conflict="warn")
+    assert result.error is None
+    assert len(result.warnings) == 1 and host.real("/etc/sysctl.d/99-zz.conf") in result.warnings[0]
+    assert result.changed
+
+
+def test_conflict_before_ours_is_harmless_and_reported(host):
+    host.file("/usr/lib/sysctl.d/50-default.conf", "kernel.numa_balancing = 1\n")
+    result = plan(host)
+    assert result.error is None and result.warnings == []
+    assert result.conflicts[0]["applied_after_ours"] is False and result.conflicts[0]["wins_at_boot"] is False
+    assert any("applied before" in note and "50-default.conf" in note for note in result.notes)
+    assert "50-default.conf" in b.summary(result, check_mode=False)
+
+
+def test_same_value_after_ours_is_not_a_conflict(host):
+    host.file("/etc/sysctl.d/99-zz.conf", "kernel.numa_balancing = 0\n")
+    assert plan(host).conflicts == [] and plan(host).error is None
+
+
+def test_later_file_that_restores_the_value_defuses_an_earlier_conflict(host):
+    host.file("/etc/sysctl.d/70-bad.conf", "kernel.numa_balancing = 1\n")
+    host.file("/usr/lib/sysctl.d/80-good.conf", "kernel.numa_balancing = 0\n")
+    result = plan(host)
+    assert result.error is None
+    assert [(c["applied_after_ours"], c["wins_at_boot"]) for c in result.conflicts] == [(True, False)]
+    assert any("a later file sets the wanted value again" in note for note in result.notes)
+
+
+def test_last_assignment_in_a_file_is_the_one_that_counts(host):
+    host.file("/etc/sysctl.d/99-zz.conf", "kernel.numa_balancing = 1\nkernel.numa_balancing = 0\n")
+    result = plan(host)
+    assert result.error is None
+    assert [(c["line"], c["wins_at_boot"]) for c in result.conflicts] == [(1, False)]
+
+
+def test_sysctl_conf_via_debian_symlink_conflicts(host):
+    host.file("/etc/sysctl.conf", "kernel/numa_balancing=1\n")
+    result = plan(host)
+    assert [c["file"] for c in result.conflicts] == [host.real("/etc/sysctl.conf")]
+    assert host.real("/etc/sysctl.conf") in result.error
+
+
+@pytest.mark.parametrize("line", ["-kernel.numa_balancing = 1", "  kernel/numa_balancing=1", "kernel.numa_balancing=2"])
+def test_every_spelling_is_detected(host, line):
+    host.file("/run/sysctl.d/90-x.conf", line + "\n")
+    result = plan(host)
+    assert result.error is not None
+    # A generated or packaged file: the fix is to mask it, not to edit it.
+    assert "mask %s with a same-named symlink to /dev/null" % host.real("/run/sysctl.d/90-x.conf") in result.error
+
+
+def test_masked_vendor_file_is_not_a_conflict(host):
+    host.file("/usr/lib/sysctl.d/90-vendor.conf", "kernel.numa_balancing = 1\n")
+    host.symlink("/etc/sysctl.d/90-vendor.conf", "/dev/null")
+    result = plan(host)
+    assert result.conflicts == [] and result.warnings == []
+
+
+def test_glob_is_not_a_conflict(host):
+    host.file("/etc/sysctl.d/90-glob.conf", "kernel.numa_* = 1\n")
+    assert plan(host).conflicts == []
+
+
+def test_our_file_on_disk_is_not_its_own_conflict(host):
+    host.file(OURS, "kernel.numa_balancing = 1\n")
+    result = plan(host)
+    assert result.conflicts == [] and result.dropin_changed
+
+
+def test_zone_reclaim_conflicts_only_when_managed(host):
+    host.file("/etc/sysctl.d/99-zz.conf", "vm.zone_reclaim_mode = 1\n")
+    assert plan(host).conflicts == []
+    result = plan(host, zone_reclaim_mode=0)
+    assert [c["key"] for c in result.conflicts] == ["vm.zone_reclaim_mode"] and result.error
+
+
+def test_unreadable_file_is_a_warning_not_a_crash(host):
+    host.symlink("/etc/sysctl.d/90-loop.conf", "90-loop.conf")
+    result = plan(host)
+    assert result.error is None
+    assert any("90-loop.conf" in w and "cannot read" in w for w in result.warnings)
+
+
+def test_persist_false_warns_and_plans_removal_of_our_file(host):
+    host.file(OURS, b.render_dropin({"kernel.numa_balancing": 0}, "disabled"))
+    host.file("/usr/lib/sysctl.d/50-default.conf", "kernel.numa_balancing = 1\n")
+    result = plan(host, persist=False)
+    assert result.error is None
+    assert result.dropin_after is None and result.dropin_changed
+    assert result.conflicts[0]["applied_after_ours"] is True and result.conflicts[0]["wins_at_boot"] is True
+    assert any("persist is false" in w and "50-default.conf" in w for w in result.warnings)
+    assert "would remove" in b.summary(result, check_mode=True)
+
+
+# ---------------------------------------------------------------- plan, support, runtime
+
+
+def test_plan_values_and_idempotence(host):
+    first = plan(host, zone_reclaim_mode=1)
+    assert first.supported and first.changed
+    assert first.before == {"kernel.numa_balancing": 1, "vm.zone_reclaim_mode": 0}
+    assert first.after == {"kernel.numa_balancing": 0, "vm.zone_reclaim_mode": 1}
+    assert first.runtime_changes == [("kernel.numa_balancing", 0), ("vm.zone_reclaim_mode", 1)]
+    b.apply_runtime(first)
+    host.file(OURS, first.dropin_after)
+    second = plan(host, zone_reclaim_mode=1)
+    assert not second.changed and second.runtime_changes == [] and not second.dropin_changed
+    assert host.read("/proc/sys/kernel/numa_balancing") == "0\n"
+    assert "up to date" in b.summary(second, check_mode=False)
+
+
+def test_dropping_zone_reclaim_rewrites_the_dropin_but_leaves_the_knob(host):
+    first = plan(host, zone_reclaim_mode=1)
+    b.apply_runtime(first)
+    host.file(OURS, first.dropin_after)
+    second = plan(host)
+    assert second.dropin_changed and "zone_reclaim" not in second.dropin_after
+    assert second.runtime_changes == [] and second.after["vm.zone_reclaim_mode"] == 1
+
+
+def test_missing_knob_is_unsupported_and_plans_nothing(tmp_path):
+    host = FakeRoot(tmp_path).knobs(balancing=None, zone_reclaim=None)
+    result = plan(host)
+    assert not result.supported and not result.changed
+    assert "CONFIG_NUMA_BALANCING" in result.notes[0] and "nothing written" in result.notes[0]
+    assert b.result(result, False)["persisted_file"] is None
+
+
+def test_missing_procfs_is_unsupported_with_its_own_reason(tmp_path):
+    result = plan(FakeRoot(tmp_path))
+    assert not result.supported and "is procfs mounted" in b.summary(result, False)
+
+
+def test_zone_reclaim_requested_without_the_knob_fails(tmp_path):
+    host = FakeRoot(tmp_path).knobs(balancing=1, zone_reclaim=None)
+    with pytest.raises(NumaError, match="drop the option"):
+        plan(host, zone_reclaim_mode=0)
+    assert plan(host).before == {"kernel.numa_balancing": 1}
+
+
+def test_bad_options_fail(host):
+    with pytest.raises(NumaError, match="on_conflict"):
+        plan(host, on_conflict="ignore")
+    with pytest.raises(NumaError, match="zone_reclaim_mode must be >= 0"):
+        plan(host, zone_reclaim_mode=-1)
+
+
+def test_garbage_knob_content_fails(host):
+    host.file("/proc/sys/kernel/numa_balancing", "banana\n")
+    with pytest.raises(NumaError, match="not an integer"):
+        plan(host)
+
+
+def _raising_open(errno_value, mode_letter="w"):
+    real_open = open
+
+    def fake(path, mode="r", *args, **kwargs):
+        if "/proc/sys/" in str(path) and mode_letter in mode:
+            raise OSError(errno_value, os.strerror(errno_value), path)
+        return real_open(path, mode, *args, **kwargs)
+    return fake
+
+
+@pytest.mark.parametrize("code,words", [
+    (errno.EACCES, "become: true"), (errno.EPERM, "become: true"), (errno.EROFS, "read-only"),
+    (errno.EINVAL, "Linux >= 5.18"), (errno.EIO, "cannot write")])
+def test_runtime_write_errors_name_the_fix(host, monkeypatch, code, words):
+    result = plan(host, state="tiering")
+    monkeypatch.setattr(b, "open", _raising_open(code), raising=False)
+    with pytest.raises(NumaError, match=words.replace(".", r"\.")):
+        b.apply_runtime(result)
+
+
+def test_runtime_read_permission_error_names_the_fix(host, monkeypatch):
+    monkeypatch.setattr(b, "open", _raising_open(errno.EACCES, "r"), raising=False)
+    with pytest.raises(NumaError, match="become: true"):
+        plan(host)
+
+
+def test_write_that_does_not_stick_fails(host, monkeypatch):
+    result = plan(host)
+    monkeypatch.setattr(b, "read_runtime", lambda root, key: 1)
+    with pytest.raises(NumaError, match="kernel reports 1"):
+        b.apply_runtime(result)
+
+
+def test_dropin_errors():
+    assert "become: true" in str(b.dropin_write_error("/x", OSError(errno.EACCES, "Permission denied")))
+    assert "No space" in str(b.dropin_write_error("/x", OSError(errno.ENOSPC, "No space left on device")))
+
+
+# ---------------------------------------------------------------- tuned
+
+
+PROFILE_SETS_1 = "[main]\nsummary=vendor\n\n[sysctl]\nkernel.numa_balancing = 1  # inline comment\nvm.swappiness=10\n"
+
+
+def test_no_tuned_profile(host):
+    assert plan(host).tuned is None
+    host.file("/etc/tuned/active_profile", "\n")
+    assert plan(host).tuned is None
+
+
+def test_tuned_profile_setting_it_warns_with_profile_and_file(host):
+    host.tuned("throughput-performance", {"/usr/lib/tuned/throughput-performance": PROFILE_SETS_1})
+    result = plan(host)
+    conf = host.real("/usr/lib/tuned/throughput-performance/tuned.conf")
+    assert result.tuned == {
+        "active_profile": "throughput-performance", "files": [conf], "reapply_sysctl": True,
+        "settings": [{"profile": "throughput-performance", "file": conf, "key": "kernel.numa_balancing",
+                      "value": "1"}]}
+    assert len(result.warnings) == 1
+    assert "throughput-performance" in result.warnings[0] and conf in result.warnings[0]
+    assert "re-applies /etc/sysctl.d" in result.warnings[0]
+    assert result.error is None
+
+
+def test_tuned_without_reapply_keeps_its_value(host):
+    host.tuned("hpc", {"/etc/tuned/profiles/hpc": PROFILE_SETS_1}, main="# main\nreapply_sysctl = 0\n")
+    result = plan(host)
+    assert result.tuned["reapply_sysctl"] is False
+    assert "stays in force" in result.warnings[0]
+
+
+def test_tuned_include_chain_and_self_named_override(host):
+    # /etc/tuned/hpc includes the vendor profile of the same name, which includes a base that sets 1;
+    # the /etc profile sets 0 last, so tuned ends with 0 and there is nothing to warn about.
+    host.tuned("hpc", {
+        "/etc/tuned/hpc": "[main]\ninclude=hpc\n[sysctl]\nkernel/numa_balancing=0\n",
+        "/usr/lib/tuned/hpc": "[main]\ninclude = base ; other\n",
+        "/usr/lib/tuned/profiles/base": PROFILE_SETS_1,
+        "/usr/lib/tuned/other": "[main]\nsummary=nothing\n",
+    })
+    result = plan(host)
+    assert result.tuned["files"] == [host.real(p) for p in (
+        "/etc/tuned/hpc/tuned.conf", "/usr/lib/tuned/hpc/tuned.conf", "/usr/lib/tuned/profiles/base/tuned.conf",
+        "/usr/lib/tuned/other/tuned.conf")]
+    assert result.tuned["settings"][0]["value"] == "0" and result.tuned["settings"][0]["profile"] == "hpc"
+    assert result.warnings == []
+
+
+def test_tuned_included_profile_setting_it_is_found(host):
+    host.tuned("custom", {"/etc/tuned/custom": "[main]\ninclude=base\n",
+                          "/usr/lib/tuned/base": PROFILE_SETS_1})
+    result = plan(host)
+    assert result.tuned["settings"][0]["profile"] == "base"
+    assert "tuned profile 'base'" in result.warnings[0]
+
+
+def test_tuned_custom_sysctl_unit_and_disabled_unit(host):
+    host.tuned("a b", {
+        "/etc/tuned/a": "[my_knobs]\ntype=sysctl\nvm.zone_reclaim_mode=1\n",
+        "/etc/tuned/b": "[sysctl]\nenabled=false\nkernel.numa_balancing=1\n",
+    })
+    result = plan(host, zone_reclaim_mode=0)
+    assert result.tuned["active_profile"] == "a b"
+    assert [(s["key"], s["value"]) for s in result.tuned["settings"]] == [("vm.zone_reclaim_mode", "1")]
+    assert len(result.warnings) == 1 and "vm.zone_reclaim_mode" in result.warnings[0]
+
+
+def test_tuned_missing_variable_and_broken_profiles_are_warnings(host):
+    host.tuned("gone templated broken", {
+        "/etc/tuned/templated": "[main]\ninclude=${f:virt_check:virtual-guest:throughput-performance}\n",
+        "/etc/tuned/broken": "kernel.numa_balancing = 1\n",  # no section header
+    })
+    result = plan(host)
+    text = " | ".join(result.warnings)
+    assert "'gone' not found" in text and "uses a variable" in text and "cannot parse tuned profile" in text
+    assert result.tuned["settings"] == []
+
+
+# ---------------------------------------------------------------- vmstat
+
+
+def test_sample_vmstat_reports_growth(host):
+    host.vmstat(pte=100, faults=50)
+    waited = []
+
+    def sleep(seconds):
+        waited.append(seconds)
+        host.vmstat(pte=175, faults=52)
+    assert b.sample_vmstat(host.path, 2.5, sleep) == {"seconds": 2.5, "numa_pte_updates": 75, "numa_hint_faults": 2}
+    assert waited == [2.5]
+
+
+def test_verify_flat_counters_after_disabling(host):
+    host.vmstat()
+    result = plan(host)
+    delta, warning = b.verify(result, 1, check_mode=False, sleep=lambda s: None)
+    assert delta == {"seconds": 1, "numa_pte_updates": 0, "numa_hint_faults": 0} and warning is None
+
+
+def test_verify_warns_when_still_scanning(host):
+    host.vmstat()
+    result = plan(host)
+    warning = b.verify(result, 1, check_mode=False, sleep=lambda s: host.vmstat(pte=130))[1]
+    assert "still scanning" in warning and "numa_pte_updates +30" in warning
+    # In check mode the knob is still 1, so scanning is expected.
+    warning = b.verify(result, 1, check_mode=True, sleep=lambda s: host.vmstat(pte=160))[1]
+    assert warning is None
+
+
+def test_verify_without_counters_and_bad_interval(host):
+    result = plan(host)
+    delta, warning = b.verify(result, 1, check_mode=False, sleep=lambda s: None)
+    assert delta["numa_pte_updates"] is None and "could not be checked" in warning
+    with pytest.raises(NumaError, match="verify_seconds must be > 0"):
+        b.verify(result, 0, check_mode=False)
+
+
+# ---------------------------------------------------------------- reporting
+
+
+def test_result_and_diff(host):
+    host.file(OURS, "old\n")
+    result = plan(host)
+    values = b.result(result, check_mode=True)
+    assert values["changed"] and values["persisted_file"] == host.real(OURS)
+    assert values["msg"] == "would set kernel.numa_balancing 1 -> 0; would write %s" % host.real(OURS)
+    file_diff, runtime_diff = b.diff(result)
+    assert file_diff["before"] == "old\n" and file_diff["after"] == result.dropin_after
+    assert file_diff["before_header"] == host.real(OURS)
+    assert runtime_diff["before"] == "kernel.numa_balancing = 1\n"
+    assert runtime_diff["after"] == "kernel.numa_balancing = 0\n"
