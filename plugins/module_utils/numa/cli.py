@@ -1,0 +1,344 @@
+"""``numa-pin``: plan, apply and exec — the helper a systemd unit's ExecStart runs.
+
+    numa-pin facts   [--root DIR]
+    numa-pin explain [REQUEST] [--root DIR]
+    numa-pin exec    [REQUEST] [--best-effort] -- SERVER ARGS...
+
+``exec`` reads this host's topology, plans the placement, sets the CPU affinity
+and memory policy of this very process (both survive execve), exports the
+plan's environment, substitutes ``{threads} {node} {cpulist} {instance}
+{port}`` in SERVER ARGS, writes one line to stderr and replaces itself with the
+server: same PID, so systemd's MainPID, signals and Type=notify stay the
+server's. It is strict by default: a refused syscall stops the start with a
+message and exit code 3, never a server silently running unpinned.
+
+Exit codes: 0 ok, 1 audit below target, 2 bad request or impossible plan,
+3 kernel refused the placement, 127 server not found.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from .errors import NumaError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only
+    from typing import Any, Dict, List, Optional, Tuple
+
+    from .placement import Plan, Request
+
+EXIT_AUDIT_FAILED = 1
+EXIT_BAD_REQUEST = 2
+EXIT_KERNEL_REFUSED = 3
+EXIT_NOT_FOUND = 127
+
+TOKENS = ("threads", "node", "cpulist", "instance", "port")
+REQUEST_OPTIONS = ("node", "gpus", "model_size", "memory_headroom", "smt", "reserve_cpus", "scope",
+                   "instances", "instance", "policy", "on_unfit", "port_base")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args, server_argv = _parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return args.run(args, server_argv)
+    except NumaError as exc:
+        _say(str(exc))
+        return getattr(exc, "exit_code", EXIT_BAD_REQUEST)
+
+
+# --- argument parsing -----------------------------------------------------
+
+
+def _parse(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+    own, server_argv = _split_server_argv(argv)
+    parser = _parser(own[0] if own else None)
+    args = parser.parse_args(own)
+    if args.command == "exec" and not server_argv:
+        parser.error("exec needs the server command after '--', e.g. numa-pin exec --node 0 -- llama-server -t {threads}")
+    if args.command != "exec" and server_argv:
+        parser.error("only exec takes a server command after '--'")
+    return args, server_argv
+
+
+def _split_server_argv(argv: List[str]) -> Tuple[List[str], List[str]]:
+    if "--" in argv:
+        cut = argv.index("--")
+        return argv[:cut], argv[cut + 1:]
+    return argv, []
+
+
+def _parser(command: Optional[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="numa-pin", description="Place an inference server on the right NUMA node, CPUs and GPUs.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    facts = commands.add_parser("facts", help="print this host's topology as JSON (same as numa_facts)")
+    facts.add_argument("--root", default="/", help="read sys/ and proc/ under DIR (a captured machine)")
+    facts.set_defaults(run=run_facts)
+
+    explain = commands.add_parser("explain", help="print the placement plan as JSON, change nothing")
+    _add_request_options(explain)
+    explain.add_argument("--root", default="/", help="plan for the machine captured under DIR")
+    explain.set_defaults(run=run_explain)
+
+    execute = commands.add_parser("exec", help="apply the plan to this process, then exec the server")
+    _add_request_options(execute)
+    execute.add_argument("--best-effort", action="store_true",
+                         help="if the kernel refuses, degrade bind -> preferred -> CPU affinity only -> none "
+                              "instead of failing")
+    execute.set_defaults(run=run_exec, root="/")
+
+    audit = commands.add_parser("audit", help="where a running service's pages and threads really are")
+    audit.add_argument("--pid", type=int, action="append", default=[], help="a process to audit (repeatable)")
+    audit.add_argument("--unit", help="a systemd unit: audits every process of its cgroup")
+    audit.add_argument("--plan-json", help="the plan file the service was started with (expected nodes and CPUs)")
+    audit.add_argument("--min-local-percent", type=float, default=99.0)
+    audit.add_argument("--wait-seconds", type=float, default=0.0,
+                       help="wait this long for the unit to be active and its memory to settle")
+    audit.set_defaults(run=run_audit)
+
+    cost = commands.add_parser("cost", help="measure remote vs local memory latency and bandwidth per node pair")
+    if command == "cost":  # the measurement engine is not imported on the exec path
+        from .cost import add_cli_arguments
+        add_cli_arguments(cost)
+    cost.set_defaults(run=run_cost)
+    return parser
+
+
+def _add_request_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("placement request (module options share these names)")
+    group.add_argument("--node", help="node id, or auto (default)")
+    group.add_argument("--gpus", help="auto (default), none, a count, or PCI addresses separated by commas")
+    group.add_argument("--model-size", help="bytes, a size like 14G, or the model's path (file or directory)")
+    group.add_argument("--model", action="append", default=[],
+                       help="model file or directory the server maps (repeatable): sizes the request when "
+                            "--model-size is absent and is checked for page cache on remote nodes")
+    group.add_argument("--memory-headroom", help="added to the model size: '10%%+1G' (default), '2G', '0'")
+    group.add_argument("--smt", dest="smt", action="store_true", default=None, help="use every hardware thread")
+    group.add_argument("--no-smt", dest="smt", action="store_false", help="one thread per physical core")
+    group.add_argument("--reserve-cpus", help="CPU list never handed out (housekeeping), e.g. 0,1")
+    group.add_argument("--scope", choices=("node", "socket"))
+    group.add_argument("--instances", type=int, help="how many instances of this service run on the host")
+    group.add_argument("--instance", type=int, help="which one this is, 0-based")
+    group.add_argument("--policy", choices=("auto", "bind", "preferred", "interleave"))
+    group.add_argument("--on-unfit", choices=("interleave", "fail"))
+    group.add_argument("--port-base", type=int, help="{port} becomes port_base + instance")
+    group.add_argument("--page-cache", choices=("evict", "warn", "ignore"), default=None,
+                       help="model pages cached on a remote node: drop them so the server re-reads them "
+                            "locally (evict, the default when binding), only report (warn), or ignore")
+
+
+# --- requests -------------------------------------------------------------
+
+
+def build_request(options: Dict[str, Any]) -> Request:
+    """A placement Request from CLI/module options; a model path is measured here.
+
+    ``model_size`` may be bytes, a size string or a path; with no size, the
+    ``model`` paths are measured. This is the only I/O before planning.
+    """
+    from .placement import Request
+
+    chosen = {name: options.get(name) for name in REQUEST_OPTIONS}
+    if chosen["node"] == "auto":
+        chosen["node"] = None
+    if isinstance(chosen["reserve_cpus"], str):
+        from .cpulist import parse_cpulist
+        chosen["reserve_cpus"] = parse_cpulist(chosen["reserve_cpus"])
+    chosen["model_size"] = _model_bytes(chosen["model_size"], options.get("model") or [])
+    return Request.from_options(chosen)
+
+
+def _model_bytes(model_size: Any, models: List[str]) -> Optional[int]:
+    from .sizes import parse_size, size_of_path
+
+    if model_size is None:
+        return sum(size_of_path(path) for path in models) if models else None
+    if isinstance(model_size, str) and (os.sep in model_size or os.path.exists(model_size)):
+        return size_of_path(model_size)
+    return parse_size(model_size)
+
+
+def _plan(root: str, args: argparse.Namespace) -> Tuple[Dict[str, Any], Plan]:
+    from .placement import plan
+    from .topology import read
+
+    topology = read(root)
+    request = build_request(vars(args))
+    return topology, plan(topology, request)
+
+
+# --- commands -------------------------------------------------------------
+
+
+def run_facts(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    from .topology import read
+
+    _print_json(read(args.root))
+    return 0
+
+
+def run_explain(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    topology, placement = _plan(args.root, args)
+    result = placement.to_dict()
+    result["topology_warnings"] = topology["warnings"]
+    if args.model:
+        from .pagecache import residency
+
+        result["page_cache"] = residency(args.model)
+        result["page_cache"]["action"] = _page_cache_action(args.page_cache, placement.policy)
+    _print_json(result)
+    return 0
+
+
+def run_exec(args: argparse.Namespace, server_argv: List[str]) -> int:
+    topology, placement = _plan("/", args)
+    notes = []
+    if args.model:
+        notes.extend(_settle_page_cache(args.model, placement, _page_cache_action(args.page_cache, placement.policy)))
+    notes.extend(_apply(placement, topology, args.best_effort))
+    argv = substitute_tokens(server_argv, placement)
+    os.environ.update(placement.env)
+    _say("%s%s; exec %s" % (placement.summary(), "".join("; " + note for note in notes), argv[0]))
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        _say("cannot exec %r: %s. Fix: give the server's absolute path, or install it" % (argv[0], exc.strerror))
+        return EXIT_NOT_FOUND
+    return 0  # not reached: execvp replaced this process
+
+
+def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    from .audit import audit_pids, audit_unit
+    from .cost import load_plan
+
+    if bool(args.pid) == bool(args.unit):
+        raise NumaError("audit needs either --unit NAME or --pid PID (repeatable), not both")
+    plan = load_plan(args.plan_json) if args.plan_json else None
+    if args.unit:
+        report = audit_unit("/", args.unit, plan, args.min_local_percent, wait_seconds=args.wait_seconds)
+    else:
+        report = audit_pids("/", args.pid, plan, args.min_local_percent)
+    _print_json(report)
+    return 0 if report.get("ok") else EXIT_AUDIT_FAILED
+
+
+def run_cost(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    from .cost import run_cli
+
+    return run_cli(args, sys.stdout)
+
+
+# --- applying a plan ------------------------------------------------------
+
+
+def _apply(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:
+    """Set CPU affinity then memory policy; return notes on any degradation."""
+    from . import kernel
+    from .cpulist import parse_cpulist
+
+    allowed_cpus = parse_cpulist(topology["cpus"]["allowed"]) or None
+    allowed_mems = parse_cpulist(topology["cpus"]["mems_allowed"]) or None
+    notes = []
+    try:
+        kernel.set_cpu_affinity(placement.cpus, allowed_cpus)
+    except NumaError as exc:
+        if not best_effort:
+            raise _refused(exc)
+        notes.append("best-effort: CPU affinity NOT set (%s)" % exc)
+    for policy, nodes in _policy_fallbacks(placement, best_effort):
+        try:
+            kernel.set_mempolicy(policy, nodes, allowed_mems)
+            if policy != placement.policy:
+                notes.append("best-effort: memory policy degraded to %s on node(s) %s"
+                             % (policy, ",".join(str(n) for n in nodes)))
+            return notes
+        except NumaError as exc:
+            if not best_effort:
+                raise _refused(exc)
+            notes.append("best-effort: %s refused (%s)" % (policy, exc))
+    notes.append("best-effort: memory policy NOT set; memory follows the kernel default (first touch)")
+    return notes
+
+
+def _policy_fallbacks(placement: Plan, best_effort: bool) -> List[Tuple[str, List[int]]]:
+    steps = [(placement.policy, placement.mem_nodes)]
+    if best_effort and placement.policy != "preferred":
+        steps.append(("preferred", [placement.node]))
+    return steps
+
+
+def _refused(exc: NumaError) -> NumaError:
+    error = NumaError("refusing to start the server unpinned: %s. (--best-effort would degrade instead)" % exc)
+    error.exit_code = EXIT_KERNEL_REFUSED
+    return error
+
+
+def _page_cache_action(choice: Optional[str], policy: str) -> str:
+    if choice:
+        return choice
+    return "evict" if policy == "bind" else "warn"
+
+
+def _settle_page_cache(models: List[str], placement: Plan, action: str) -> List[str]:
+    """Report, and with ``evict`` drop, model pages cached on nodes outside the plan."""
+    if action == "ignore":
+        return []
+    from .pagecache import evict_remote, file_residency, regular_files
+
+    notes = []
+    local = set(placement.mem_nodes)
+    for path in regular_files(models):
+        if action == "evict":
+            outcome = evict_remote(path, local)
+            if outcome["evicted_pages"]:
+                notes.append("page cache: dropped %d pages of %s cached on remote nodes"
+                             % (outcome["evicted_pages"], path))
+            if outcome["skipped_reason"]:
+                notes.append("page cache: NOT evicted: %s" % outcome["skipped_reason"])
+        else:
+            nodes = file_residency(path)["nodes"]
+            remote = sum(count for node, count in nodes.items() if int(node) not in local)
+            if remote:
+                notes.append("page cache: %d pages of %s sit on remote nodes (%s)" % (
+                    remote, path, ", ".join("N%s=%d" % item for item in sorted(nodes.items()))))
+    return notes
+
+
+def substitute_tokens(argv: List[str], placement: Plan) -> List[str]:
+    """Replace ``{threads}``-style tokens; other braces (JSON, templates) are left alone."""
+    values = {
+        "threads": str(placement.threads),
+        "node": str(placement.node),
+        "cpulist": placement.cpulist,
+        "instance": str(placement.instance),
+        "port": None if placement.port is None else str(placement.port),
+    }
+    result = []
+    for arg in argv:
+        for token in TOKENS:
+            marker = "{%s}" % token
+            if marker in arg:
+                if values[token] is None:
+                    raise NumaError("argument %r uses {port} but no --port-base was given: add --port-base N "
+                                    "(instance i listens on N + i)" % arg)
+                arg = arg.replace(marker, values[token])
+        result.append(arg)
+    return result
+
+
+# --- output ---------------------------------------------------------------
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _say(message: str) -> None:
+    sys.stderr.write("numa-pin: %s\n" % message)
+    sys.stderr.flush()

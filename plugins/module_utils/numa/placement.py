@@ -1,0 +1,826 @@
+"""Decide where an inference server runs: a pure function of (topology, Request).
+
+``plan(topology, request)`` takes the ``numa_facts`` dict (see topology.py) and a
+``Request`` and returns a ``Plan``: memory policy and nodes, CPUs, GPUs,
+environment, port, and ``reasons`` -- one sentence per decision and fallback. No
+I/O happens here: a model given as a path is measured by ``sizes.size_of_path``
+before planning.
+
+Like kubelet's Topology Manager the work has two stages:
+
+* hints -- what the hardware and the request allow: usable ("candidate") nodes
+  after cpuset, mems_allowed and reserved CPUs; which node each GPU is local to;
+  how much memory each node has left;
+* policy -- what to do with them: pick the anchor node (explicit, GPU-local or
+  best memory score), then bind / interleave / prefer memory, then hand out CPUs.
+
+All instances 0..instances-1 of a service are simulated in order so that the
+plan for instance i knows what the instances before it took (memory, nodes) and
+which instances share its nodes (they split the CPUs of a shared node).
+docs/placement.md states the rules for users.
+"""
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from fractions import Fraction
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .cpulist import format_cpulist, parse_cpulist
+from .errors import NumaError
+from .sizes import format_size, parse_size
+
+__all__ = ["PlacementError", "Request", "Plan", "plan", "parse_size", "parse_cpulist",
+           "format_cpulist", "parse_headroom", "DEFAULT_HEADROOM"]
+
+POLICIES = ("auto", "bind", "preferred", "interleave")
+ON_UNFIT = ("interleave", "fail")
+SCOPES = ("node", "socket")
+DEFAULT_HEADROOM = "10%+1G"
+# GPUs that run models; anything else the reader lists (a BMC's VGA) is ignored
+# unless named by address.
+COMPUTE_VENDORS = ("nvidia", "amd", "intel")
+# What the kernel assumes between two nodes when firmware gives no SLIT.
+REMOTE_DISTANCE = 20
+LOCAL_DISTANCE = 10
+MEMORY_WEIGHT = Fraction(3, 5)
+SPREAD_WEIGHT = Fraction(2, 5)
+
+_PCI_ADDRESS = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
+_HEADROOM_PERCENT = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*%$")
+_INTEGER = re.compile(r"^\s*-?\d+\s*$")
+
+
+class PlacementError(NumaError):
+    """The request cannot be placed on this topology; the message names sizes, nodes and the fix."""
+
+
+# ---------------------------------------------------------------- request ---
+
+@dataclass
+class Request:
+    """What the caller wants. Loose inputs (strings from a CLI, None from Ansible) are
+    normalised and checked on construction; a bad value raises NumaError naming it.
+
+    gpus: "auto" (instance i gets the i-th GPU in PCI order, round-robin), "none",
+    a count N (instance i gets GPUs i*N .. i*N+N-1) or a list of PCI addresses.
+    model_size: bytes (or a size string such as "14G"); None skips the fit check.
+    memory_headroom: added to model_size: "P%" of the model, a size, or a sum of
+    both ("10%+1G", the default; "2G"; "0").
+    """
+
+    node: Optional[int] = None
+    gpus: Union[str, int, List[str]] = "auto"
+    model_size: Optional[int] = None
+    memory_headroom: str = DEFAULT_HEADROOM
+    smt: bool = True
+    reserve_cpus: List[int] = field(default_factory=list)
+    scope: str = "node"
+    instances: int = 1
+    instance: int = 0
+    policy: str = "auto"
+    on_unfit: str = "interleave"
+    port_base: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        self.node = _optional_int("node", self.node)
+        self.gpus = _gpu_selection(self.gpus)
+        self.model_size = None if self.model_size is None else _size("model_size", self.model_size)
+        self.memory_headroom = _headroom_text(self.memory_headroom)
+        self.smt = _boolean("smt", self.smt)
+        self.reserve_cpus = _cpu_ids("reserve_cpus", self.reserve_cpus)
+        self.scope = _choice("scope", self.scope, SCOPES)
+        self.instances = _int("instances", self.instances, minimum=1)
+        self.instance = _int("instance", self.instance, minimum=0)
+        if self.instance >= self.instances:
+            raise NumaError("instance %d is out of range for instances=%d: instances are numbered "
+                            "0..%d" % (self.instance, self.instances, self.instances - 1))
+        self.policy = _choice("policy", self.policy, POLICIES)
+        self.on_unfit = _choice("on_unfit", self.on_unfit, ON_UNFIT)
+        self.port_base = _port_base(self.port_base, self.instances)
+
+    @classmethod
+    def from_options(cls, options: Dict[str, Any]) -> "Request":
+        """Build from a dict of option names to values; None means "use the default"."""
+        known = [name for name in cls.__dataclass_fields__]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise NumaError("unknown placement option(s) %s: valid options are %s"
+                            % (", ".join(unknown), ", ".join(known)))
+        return cls(**{name: value for name, value in options.items() if value is not None})
+
+    def headroom_bytes(self) -> Optional[int]:
+        """Bytes added to model_size, or None when the model size is unknown."""
+        if self.model_size is None:
+            return None
+        percent, fixed = parse_headroom(self.memory_headroom)
+        return int(math.ceil(self.model_size * percent / 100)) + fixed
+
+    def required_bytes(self) -> Optional[int]:
+        """model_size + headroom, or None when the model size is unknown."""
+        if self.model_size is None:
+            return None
+        return self.model_size + self.headroom_bytes()
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def parse_headroom(text: str) -> Tuple[Fraction, int]:
+    """``"10%+1G"`` -> (Fraction(10), 1073741824): percent of the model, fixed bytes."""
+    if not isinstance(text, str) or not text.strip():
+        raise NumaError("memory_headroom %r is not a size: write e.g. '10%%+1G', '2G' or '0'" % (text,))
+    percent = Fraction(0)
+    fixed = 0
+    for term in text.split("+"):
+        term = term.strip()
+        match = _HEADROOM_PERCENT.match(term)
+        if match:
+            percent += Fraction(match.group(1))
+            continue
+        try:
+            fixed += parse_size(term)
+        except NumaError:
+            raise NumaError("cannot read memory_headroom %r: term %r is neither a percentage "
+                            "nor a size; write e.g. '10%%+1G', '2G' or '0'" % (text, term))
+    return percent, fixed
+
+
+def _headroom_text(value: Union[str, int]) -> str:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(parse_size(value))
+    parse_headroom(value)
+    return value.strip()
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, str) and _INTEGER.match(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NumaError("%s must be an integer, got %r" % (name, value))
+    if value < minimum:
+        raise NumaError("%s must be %d or more, got %d" % (name, minimum, value))
+    return value
+
+
+def _optional_int(name: str, value: Any) -> Optional[int]:
+    return None if value is None else _int(name, value, minimum=0)
+
+
+def _size(name: str, value: Any) -> int:
+    try:
+        return parse_size(value)
+    except NumaError as error:
+        raise NumaError("%s: %s" % (name, error))
+
+
+def _boolean(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise NumaError("%s must be true or false, got %r" % (name, value))
+    return value
+
+
+def _choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
+    if value not in choices:
+        raise NumaError("unknown %s %r: choose one of %s" % (name, value, ", ".join(choices)))
+    return value
+
+
+def _cpu_ids(name: str, value: Any) -> List[int]:
+    if isinstance(value, str):
+        try:
+            return parse_cpulist(value)
+        except NumaError as error:
+            raise NumaError("%s: %s" % (name, error))
+    if not isinstance(value, (list, tuple)):
+        raise NumaError("%s must be a cpu list like '0-1' or a list of cpu numbers, got %r" % (name, value))
+    return sorted(set(_int(name, item, minimum=0) for item in value))
+
+
+def _port_base(value: Any, instances: int) -> Optional[int]:
+    if value is None:
+        return None
+    port = _int("port_base", value, minimum=1)
+    if port + instances - 1 > 65535:
+        raise NumaError("port_base %d + %d instances runs past port 65535: pick a port_base of "
+                        "at most %d" % (port, instances, 65536 - instances))
+    return port
+
+
+def _gpu_selection(value: Any) -> Union[str, int, List[str]]:
+    """Normalise gpus to "auto", "none", a positive count or a list of full PCI addresses."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("auto", "none", ""):
+            return text or "none"
+        if text.isdigit():
+            value = int(text)
+        else:
+            value = [item for item in text.split(",") if item.strip()]
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise NumaError("gpus count %d is negative: give a count of 1 or more, 'auto' or 'none'" % value)
+        return value if value > 0 else "none"
+    if isinstance(value, (list, tuple)):
+        addresses = []
+        for item in value:
+            address = _pci_address(item)
+            if address not in addresses:
+                addresses.append(address)
+        return addresses or "none"
+    raise NumaError("gpus must be 'auto', 'none', a count or a list of PCI addresses, got %r" % (value,))
+
+
+def _pci_address(item: Any) -> str:
+    match = _PCI_ADDRESS.match(item.strip().lower()) if isinstance(item, str) else None
+    if not match:
+        raise NumaError("gpus: %r is not a PCI address; write it like 0000:81:00.0 (as lspci -D shows)"
+                        % (item,))
+    domain = match.group(1) or "0000"
+    return "%s:%s:%s.%s" % (domain, match.group(2), match.group(3), match.group(4))
+
+
+# ------------------------------------------------------------------- plan ---
+
+@dataclass
+class Plan:
+    """Where one instance runs. ``to_dict()`` is the JSON form every consumer uses.
+
+    available_bytes is what mem_nodes had left after the instances simulated
+    before this one (the figure the fit check used).
+    """
+
+    policy: str
+    node: int
+    mem_nodes: List[int]
+    cpu_nodes: List[int]
+    cpus: List[int]
+    gpus: List[str]
+    env: Dict[str, str]
+    instance: int
+    instances: int
+    port: Optional[int]
+    required_bytes: Optional[int]
+    available_bytes: int
+    reasons: List[str]
+    inputs: Dict[str, Any]
+
+    @property
+    def cpulist(self) -> str:
+        return format_cpulist(self.cpus)
+
+    @property
+    def threads(self) -> int:
+        return len(self.cpus)
+
+    def to_dict(self) -> Dict[str, Any]:
+        result = asdict(self)
+        result["cpulist"] = self.cpulist
+        result["threads"] = self.threads
+        return result
+
+    def summary(self) -> str:
+        """One line for logs: instance, policy, nodes, cpus, gpus."""
+        return "instance %d/%d: %s memory on node(s) %s, cpus %s (%d threads)%s" % (
+            self.instance, self.instances, self.policy, format_cpulist(self.mem_nodes),
+            self.cpulist, self.threads, ", gpus " + ",".join(self.gpus) if self.gpus else "")
+
+
+def plan(topology: Dict[str, Any], request: Request) -> Plan:
+    """The placement of ``request.instance`` on ``topology``; raises PlacementError if impossible."""
+    hints = _gather_hints(topology, request)
+    placements, notes = _simulate(hints, request)
+    mine = placements[request.instance]
+    cpus, cpu_reasons = _assign_cpus(hints, placements, request.instance, request.smt)
+    env, env_reasons = _environment(hints, mine.gpus, len(cpus))
+    port = None if request.port_base is None else request.port_base + request.instance
+    return Plan(
+        policy=mine.policy, node=mine.anchor, mem_nodes=sorted(mine.mem_nodes),
+        cpu_nodes=sorted(mine.cpu_nodes), cpus=cpus, gpus=[gpu["address"] for gpu in mine.gpus],
+        env=env, instance=request.instance, instances=request.instances, port=port,
+        required_bytes=request.required_bytes(), available_bytes=mine.available,
+        reasons=hints.reasons + notes + mine.reasons + cpu_reasons + env_reasons,
+        inputs=request.to_dict())
+
+
+# ------------------------------------------------------------------ hints ---
+
+@dataclass(frozen=True)
+class _Node:
+    """A candidate node: usable CPUs (online, allowed, not reserved) and its memory in bytes."""
+    id: int
+    cpus: Tuple[int, ...]
+    total: int
+    available: int
+    packages: Tuple[int, ...]
+
+
+@dataclass
+class _Hints:
+    topology: Dict[str, Any]
+    node_ids: List[int]                  # every node of the topology, sorted
+    candidates: Dict[int, _Node]         # usable nodes by id
+    excluded: Dict[int, str]             # node id -> why it is not usable
+    distances: Dict[Tuple[int, int], int]
+    core_of: Dict[int, Tuple[int, ...]]  # cpu -> its SMT sibling group
+    gpus: List[Dict[str, Any]]           # every GPU the topology lists, PCI order
+    reasons: List[str]
+
+    def distance(self, source: int, target: int) -> int:
+        default = LOCAL_DISTANCE if source == target else REMOTE_DISTANCE
+        return self.distances.get((source, target), default)
+
+    def nearest_first(self, anchor: int, nodes: List[int]) -> List[int]:
+        """anchor first, then by SLIT distance from it, ties by lowest id."""
+        return sorted(nodes, key=lambda node: (node != anchor, self.distance(anchor, node), node))
+
+
+def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
+    nodes = sorted(topology.get("nodes") or [], key=lambda item: item["id"])
+    cpus_info = topology.get("cpus") or {}
+    online = sorted(set(cpu for node in nodes for cpu in node.get("cpus") or []))
+    allowed = set(parse_cpulist(cpus_info.get("allowed") or "") or online)
+    mems_text = cpus_info.get("mems_allowed") or ""
+    mems_allowed = set(parse_cpulist(mems_text)) if mems_text else None
+    reserved = set(request.reserve_cpus)
+    candidates = {}
+    excluded = {}
+    for node in nodes:
+        usable = tuple(sorted(set(node.get("cpus") or []) & allowed - reserved))
+        why = _unusable(node, usable, allowed, mems_allowed, mems_text, request.reserve_cpus)
+        if why:
+            excluded[node["id"]] = why
+        else:
+            candidates[node["id"]] = _Node(
+                id=node["id"], cpus=usable, total=(node.get("memory_total_kb") or 0) * 1024,
+                available=(node.get("memory_available_kb") or 0) * 1024,
+                packages=tuple(sorted(node.get("packages") or [])))
+    hints = _Hints(topology=topology, node_ids=[node["id"] for node in nodes], candidates=candidates,
+                   excluded=excluded, distances=_distance_table(topology, nodes),
+                   core_of=_sibling_groups(cpus_info), gpus=sorted(topology.get("gpus") or [],
+                                                                   key=lambda gpu: gpu["address"]),
+                   reasons=_cpuset_reasons(online, allowed, request.reserve_cpus))
+    hints.reasons.append(_candidate_reason(hints))
+    if not candidates:
+        raise PlacementError("no usable NUMA node: %s; widen the cpuset (allowed cpus/mems) or shrink "
+                             "reserve_cpus" % _excluded_text(hints))
+    return hints
+
+
+def _unusable(node: Dict[str, Any], usable: Tuple[int, ...], allowed: set, mems_allowed: Optional[set],
+              mems_text: str, reserved: List[int]) -> Optional[str]:
+    cpus = node.get("cpus") or []
+    if not cpus:
+        return "no CPUs (memory-only node)"
+    if not node.get("has_memory", True):
+        return "no memory (CPU-only node)"
+    if mems_allowed is not None and node["id"] not in mems_allowed:
+        return "its memory is not allowed by the cpuset (mems_allowed %s)" % mems_text
+    if not usable and not set(cpus) & allowed:
+        return "its CPUs %s are not allowed by the cpuset (allowed %s)" % (
+            format_cpulist(cpus), format_cpulist(allowed))
+    if not usable:
+        return "all its allowed CPUs are reserved (reserve_cpus %s)" % format_cpulist(reserved)
+    return None
+
+
+def _distance_table(topology: Dict[str, Any], nodes: List[Dict[str, Any]]) -> Dict[Tuple[int, int], int]:
+    """SLIT as {(from, to): distance}: each node's own row, else the matrix in nodes order."""
+    table = {}
+    matrix = topology.get("distances") or []
+    for row_index, node in enumerate(nodes):
+        row = matrix[row_index] if row_index < len(matrix) else []
+        for column, other in enumerate(nodes):
+            if column < len(row):
+                table[(node["id"], other["id"])] = row[column]
+        for target, distance in (node.get("distances") or {}).items():
+            table[(node["id"], int(target))] = distance
+    return table
+
+
+def _sibling_groups(cpus_info: Dict[str, Any]) -> Dict[int, Tuple[int, ...]]:
+    groups = {}
+    for group in cpus_info.get("siblings") or []:
+        ordered = tuple(sorted(group))
+        for cpu in ordered:
+            groups[cpu] = ordered
+    return groups
+
+
+def _cpuset_reasons(online: List[int], allowed: set, reserved: List[int]) -> List[str]:
+    reasons = []
+    if not set(online) <= allowed:
+        reasons.append("cpuset allows cpus %s of online %s" % (
+            format_cpulist(allowed & set(online)), format_cpulist(online)))
+    if reserved:
+        reasons.append("reserved cpus %s are never handed out" % format_cpulist(reserved))
+    return reasons
+
+
+def _candidate_reason(hints: _Hints) -> str:
+    text = "usable nodes: %s" % (format_cpulist(hints.candidates) or "none")
+    if hints.excluded:
+        text += " (%s)" % _excluded_text(hints)
+    return text
+
+
+def _excluded_text(hints: _Hints) -> str:
+    """Unusable nodes grouped by reason: "nodes 1-8: no CPUs (memory-only node)"."""
+    by_reason = {}
+    for node, why in sorted(hints.excluded.items()):
+        by_reason.setdefault(why, []).append(node)
+    return "; ".join("%s: %s" % (_nodes_text(nodes), why) for why, nodes in by_reason.items())
+
+
+# ------------------------------------------------------------- simulation ---
+
+@dataclass
+class _Placement:
+    anchor: int
+    policy: str
+    mem_nodes: List[int]
+    cpu_nodes: List[int]
+    gpus: List[Dict[str, Any]]
+    available: int
+    reasons: List[str]
+
+
+@dataclass
+class _State:
+    """What the instances simulated so far left: free bytes and instance count per node."""
+    free: Dict[int, int]
+    load: Dict[int, int]
+
+    def take(self, placement: _Placement, required: Optional[int]) -> None:
+        for node in placement.cpu_nodes:
+            self.load[node] += 1
+        if not required:
+            return
+        # Spread the instance over its memory nodes in proportion to what each had.
+        pool = sum(self.free[node] for node in placement.mem_nodes)
+        for node in placement.mem_nodes:
+            share = required * self.free[node] // pool if pool else 0
+            self.free[node] = max(0, self.free[node] - share)
+
+
+def _simulate(hints: _Hints, request: Request) -> Tuple[List[Optional[_Placement]], List[str]]:
+    """Place every instance in order; only the requested one may fail the plan.
+
+    Another instance that cannot be placed is left out (it fails on its own plan)
+    so that each instance's plan stands on its own merits.
+    """
+    state = _State(free={node: info.available for node, info in hints.candidates.items()},
+                   load={node: 0 for node in hints.candidates})
+    placements = []
+    notes = []
+    required = request.required_bytes()
+    for index in range(request.instances):
+        try:
+            placement = _place_instance(hints, request, index, state)
+        except PlacementError as error:
+            if index == request.instance:
+                raise _for_instance(error, index, request.instances)
+            notes.append("instance %d cannot be placed (%s): left out of this plan's simulation"
+                         % (index, error))
+            placements.append(None)
+            continue
+        if index < request.instance:
+            notes.append("instance %d placed before this one: %s on node(s) %s" % (
+                index, placement.policy, format_cpulist(placement.mem_nodes)))
+        placements.append(placement)
+        state.take(placement, required)
+    return placements, notes
+
+
+def _for_instance(error: PlacementError, index: int, instances: int) -> PlacementError:
+    if instances == 1:
+        return error
+    return PlacementError("instance %d of %d: %s" % (index, instances, error))
+
+
+def _place_instance(hints: _Hints, request: Request, index: int, state: _State) -> _Placement:
+    gpus, reasons = _gpus_for_instance(hints, request, index)
+    anchor, anchor_reasons = _choose_anchor(hints, request, gpus, state)
+    memory = _place_memory(hints, request, anchor, state)
+    memory.gpus = gpus
+    memory.reasons = reasons + anchor_reasons + memory.reasons
+    return memory
+
+
+# ------------------------------------------------------------------- GPUs ---
+
+def _gpus_for_instance(hints: _Hints, request: Request, index: int) -> Tuple[List[Dict[str, Any]], List[str]]:
+    selection = request.gpus
+    if selection == "none":
+        return [], []
+    if isinstance(selection, list):
+        return _gpus_by_address(hints, selection), []
+    compute = [gpu for gpu in hints.gpus if gpu.get("vendor") in COMPUTE_VENDORS]
+    reasons = []
+    ignored = [gpu["address"] for gpu in hints.gpus if gpu not in compute]
+    if ignored:
+        reasons.append("ignoring display device(s) %s: not a compute GPU (name them by address to use them)"
+                       % ", ".join(ignored))
+    if selection == "auto":
+        if not compute:
+            return [], reasons + ["no compute GPUs found: placing by memory"]
+        if request.instances > len(compute):
+            reasons.append("%d instances share %d GPU(s) round-robin" % (request.instances, len(compute)))
+        return [compute[index % len(compute)]], reasons
+    first = index * selection
+    if first + selection > len(compute):
+        raise PlacementError("gpus=%d per instance needs GPUs %d..%d for instance %d but this host has %d "
+                             "compute GPU(s): lower gpus or instances" % (
+                                 selection, first, first + selection - 1, index, len(compute)))
+    return compute[first:first + selection], reasons
+
+
+def _gpus_by_address(hints: _Hints, addresses: List[str]) -> List[Dict[str, Any]]:
+    by_address = {gpu["address"].lower(): gpu for gpu in hints.gpus}
+    missing = [address for address in addresses if address not in by_address]
+    if missing:
+        raise PlacementError("GPU(s) %s not found: this host has %s" % (
+            ", ".join(missing), ", ".join(sorted(by_address)) or "no GPUs"))
+    return [by_address[address] for address in addresses]
+
+
+def _gpu_node(hints: _Hints, gpu: Dict[str, Any]) -> Tuple[Optional[int], Optional[str]]:
+    """The usable node a GPU is local to, and a reason when that took more than a lookup."""
+    address = gpu["address"]
+    node = gpu.get("numa_node")
+    if node is None:
+        return None, "GPU %s reports no NUMA node: no locality preference from it" % address
+    if node in hints.candidates:
+        return node, None
+    if node not in hints.node_ids:
+        return None, "GPU %s reports node %d, which the topology does not list: no preference from it" % (
+            address, node)
+    nearest = min(hints.candidates, key=lambda other: (hints.distance(node, other), other))
+    return nearest, "GPU %s is on node %d, which is not usable: %s; nearest usable node by SLIT is %d " \
+        "(distance %d)" % (address, node, hints.excluded[node], nearest, hints.distance(node, nearest))
+
+
+def _gpu_anchor(hints: _Hints, gpus: List[Dict[str, Any]]) -> Tuple[Optional[int], List[str]]:
+    """The node local to most of the instance's GPUs (ties: lowest id), or None."""
+    reasons = []
+    local = {}
+    for gpu in gpus:
+        node, why = _gpu_node(hints, gpu)
+        if why:
+            reasons.append(why)
+        if node is not None:
+            local.setdefault(node, []).append(gpu["address"])
+    if not local:
+        return None, reasons
+    best = min(local, key=lambda node: (-len(local[node]), node))
+    reasons.append("node %d chosen: local to GPU %s" % (best, ", ".join(local[best])))
+    return best, reasons
+
+
+# ----------------------------------------------------------------- anchor ---
+
+def _choose_anchor(hints: _Hints, request: Request, gpus: List[Dict[str, Any]],
+                   state: _State) -> Tuple[int, List[str]]:
+    if request.node is not None:
+        return _explicit_anchor(hints, request.node, gpus)
+    anchor, reasons = _gpu_anchor(hints, gpus)
+    if anchor is not None:
+        return anchor, reasons
+    anchor, score_reasons = _score_anchor(hints, request, state)
+    return anchor, reasons + score_reasons
+
+
+def _explicit_anchor(hints: _Hints, node: int, gpus: List[Dict[str, Any]]) -> Tuple[int, List[str]]:
+    if node not in hints.node_ids:
+        raise PlacementError("node %d does not exist: this host has node(s) %s; pick one of them or leave "
+                             "node unset for automatic placement" % (node, format_cpulist(hints.node_ids)))
+    if node not in hints.candidates:
+        raise PlacementError("node %d cannot be used: %s; usable node(s): %s -- pick one of them, widen "
+                             "the cpuset or shrink reserve_cpus" % (
+                                 node, hints.excluded[node], format_cpulist(hints.candidates) or "none"))
+    reasons = ["node %d chosen: requested explicitly" % node]
+    for gpu in gpus:
+        local, _ = _gpu_node(hints, gpu)
+        if local is not None and local != node:
+            reasons.append("GPU %s is local to node %d, not to the requested node %d: its traffic "
+                           "crosses the interconnect" % (gpu["address"], local, node))
+    return node, reasons
+
+
+def _score_anchor(hints: _Hints, request: Request, state: _State) -> Tuple[int, List[str]]:
+    """Best 0.6 x free-memory ratio + 0.4 / (instances already there + 1); ties by lowest id.
+
+    A node where the model fits always beats one where it does not.
+    """
+    required = request.required_bytes()
+
+    def score(node: int) -> Fraction:
+        total = hints.candidates[node].total
+        ratio = Fraction(state.free[node], total) if total else Fraction(0)
+        return MEMORY_WEIGHT * ratio + SPREAD_WEIGHT * Fraction(1, state.load[node] + 1)
+
+    pool = sorted(hints.candidates)
+    if required is not None:
+        fitting = [node for node in pool
+                   if sum(state.free[base] for base in _scope_nodes(hints, request, node)) >= required]
+        pool = fitting or pool
+    best = min(pool, key=lambda node: (-score(node), node))
+    total = hints.candidates[best].total
+    free_share = Fraction(state.free[best], total) if total else Fraction(0)
+    reason = "node %d chosen by memory score %.3f: %d%% of its memory available, %d instance(s) already there" % (
+        best, float(score(best)), int(free_share * 100), state.load[best])
+    if len(pool) < len(hints.candidates):
+        reason += " (only nodes where the model fits were considered)"
+    return best, [reason]
+
+
+# ----------------------------------------------------------------- memory ---
+
+def _scope_nodes(hints: _Hints, request: Request, anchor: int) -> List[int]:
+    """The nodes an instance occupies at least: the anchor, or its whole package."""
+    if request.scope == "node":
+        return [anchor]
+    return _package_nodes(hints, anchor)
+
+
+def _package_nodes(hints: _Hints, anchor: int) -> List[int]:
+    packages = set(hints.candidates[anchor].packages)
+    if not packages:
+        return [anchor]
+    members = [node for node, info in hints.candidates.items() if packages & set(info.packages)]
+    return hints.nearest_first(anchor, members)
+
+
+def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State) -> _Placement:
+    base = _scope_nodes(hints, request, anchor)
+    required = request.required_bytes()
+    if request.policy == "preferred":
+        return _preferred(hints, request, anchor, base, state)
+    if required is None:
+        return _unsized(hints, request, anchor, base, state)
+    fitting = _minimal_fit(hints, anchor, base, state, required)
+    base_fits = fitting is not None and len(fitting) == len(base)
+    if base_fits and request.policy != "interleave":
+        return _memory(hints, "bind", anchor, base, state, [
+            "%s fits %s (%s available): binding" % (_need(request), _nodes_text(base),
+                                                    format_size(_free(state, base)))])
+    if fitting is None:
+        pool = hints.nearest_first(anchor, list(hints.candidates))
+        raise PlacementError("%s does not fit even all usable node(s) %s together (%s available; "
+                             "%d bytes needed): free memory, use a smaller model or a lower "
+                             "memory_headroom, or leave model_size unset to skip the fit check" % (
+                                 _need(request), format_cpulist(pool),
+                                 format_size(_free(state, pool)), required))
+    if request.policy == "interleave":
+        return _interleave(hints, anchor, fitting, state, [
+            "interleave requested: %s fits interleaved over %s, the fewest nodes nearest to node %d"
+            % (_need(request), _nodes_text(fitting), anchor)])
+    if request.on_unfit == "fail":
+        raise PlacementError("%s does not fit %s (%s available; %d bytes needed) and on_unfit is 'fail': "
+                             "set on_unfit to 'interleave' to spread it over nodes %s, free memory, or "
+                             "use a smaller model or memory_headroom" % (
+                                 _need(request), _nodes_text(base), format_size(_free(state, base)),
+                                 required, format_cpulist(fitting)))
+    return _interleave(hints, anchor, fitting, state, [
+        "%s does not fit %s (%s available); interleaving over nodes %s (nearest by SLIT, %s available)"
+        % (_need(request), _nodes_text(base), format_size(_free(state, base)), format_cpulist(fitting),
+           format_size(_free(state, fitting)))])
+
+
+def _minimal_fit(hints: _Hints, anchor: int, base: List[int], state: _State,
+                 required: int) -> Optional[List[int]]:
+    """The shortest run of usable nodes, base first then nearest by SLIT, whose free memory fits."""
+    others = [node for node in hints.candidates if node not in base]
+    order = base + hints.nearest_first(anchor, others)
+    for length in range(len(base), len(order) + 1):
+        if _free(state, order[:length]) >= required:
+            return order[:length]
+    return None
+
+
+def _preferred(hints: _Hints, request: Request, anchor: int, base: List[int], state: _State) -> _Placement:
+    required = request.required_bytes()
+    free = state.free[anchor]
+    if required is None:
+        why = "preferred memory on node %d (model size unknown)" % anchor
+    elif free >= required:
+        why = "preferred memory on node %d: %s fits (%s available)" % (anchor, _need(request), format_size(free))
+    else:
+        why = ("preferred memory on node %d: %s does not fit (%s available); the kernel spills the rest "
+               "to other nodes" % (anchor, _need(request), format_size(free)))
+    return _Placement(anchor=anchor, policy="preferred", mem_nodes=[anchor], cpu_nodes=base, gpus=[],
+                      available=free, reasons=[why])
+
+
+def _unsized(hints: _Hints, request: Request, anchor: int, base: List[int], state: _State) -> _Placement:
+    if request.policy == "interleave":
+        package = _package_nodes(hints, anchor)
+        return _interleave(hints, anchor, package, state, [
+            "model size unknown: interleaving over the usable nodes of node %d's package (%s)"
+            % (anchor, format_cpulist(package))])
+    return _memory(hints, "bind", anchor, base, state, [
+        "model size unknown: binding to %s without a fit check" % _nodes_text(base)])
+
+
+def _interleave(hints: _Hints, anchor: int, nodes: List[int], state: _State, reasons: List[str]) -> _Placement:
+    weights = (hints.topology.get("kernel") or {}).get("weighted_interleave")
+    known = {}
+    if isinstance(weights, dict):
+        known = {node: weights[str(node)] for node in nodes if str(node) in weights}
+    if len(nodes) > 1 and len(set(known.values())) > 1:
+        reasons = reasons + ["kernel interleave weights differ (%s): using weighted interleave" % ", ".join(
+            "node %d: %s" % (node, known[node]) for node in sorted(known))]
+        return _memory(hints, "weighted-interleave", anchor, nodes, state, reasons)
+    return _memory(hints, "interleave", anchor, nodes, state, reasons)
+
+
+def _memory(hints: _Hints, policy: str, anchor: int, nodes: List[int], state: _State,
+            reasons: List[str]) -> _Placement:
+    return _Placement(anchor=anchor, policy=policy, mem_nodes=list(nodes), cpu_nodes=list(nodes), gpus=[],
+                      available=_free(state, nodes), reasons=reasons)
+
+
+def _free(state: _State, nodes: List[int]) -> int:
+    return sum(state.free[node] for node in nodes)
+
+
+def _need(request: Request) -> str:
+    return "model %s + headroom %s (%s) = %s" % (
+        format_size(request.model_size), format_size(request.headroom_bytes()), request.memory_headroom,
+        format_size(request.required_bytes()))
+
+
+def _nodes_text(nodes: List[int]) -> str:
+    if len(nodes) == 1:
+        return "node %d" % nodes[0]
+    return "nodes %s" % format_cpulist(nodes)
+
+
+# ------------------------------------------------------------------- CPUs ---
+
+def _assign_cpus(hints: _Hints, placements: List[Optional[_Placement]], index: int,
+                 smt: bool) -> Tuple[List[int], List[str]]:
+    """CPUs of the instance's cpu_nodes; instances sharing a node split its cores in instance order."""
+    cpus = []
+    reasons = []
+    for node in placements[index].cpu_nodes:
+        users = [other for other, placement in enumerate(placements)
+                 if placement is not None and node in placement.cpu_nodes]
+        cores, why = _node_share(hints, node, users, index)
+        if why:
+            reasons.append(why)
+        for core in cores:
+            cpus.extend(core if smt else core[:1])
+    if not smt:
+        reasons.append("smt off: one CPU per physical core (%d CPUs)" % len(cpus))
+    return sorted(cpus), reasons
+
+
+def _node_share(hints: _Hints, node: int, users: List[int], index: int) -> Tuple[List[Tuple[int, ...]], Optional[str]]:
+    cores = _cores(hints, node)
+    if len(users) == 1:
+        return cores, None
+    if len(cores) < len(users):
+        return cores, "node %d has %d usable core(s) for instances %s: they share all of them" % (
+            node, len(cores), format_cpulist(users))
+    rank = users.index(index)
+    share = cores[rank * len(cores) // len(users):(rank + 1) * len(cores) // len(users)]
+    return share, "node %d is shared by instances %s: this instance gets %d of its %d cores" % (
+        node, format_cpulist(users), len(share), len(cores))
+
+
+def _cores(hints: _Hints, node: int) -> List[Tuple[int, ...]]:
+    """The node's usable CPUs grouped by physical core, each group sorted, groups by first CPU."""
+    usable = hints.candidates[node].cpus
+    cores = set()
+    for cpu in usable:
+        group = hints.core_of.get(cpu, (cpu,))
+        cores.add(tuple(sibling for sibling in group if sibling in usable))
+    return sorted(cores)
+
+
+# -------------------------------------------------------------------- env ---
+
+def _environment(hints: _Hints, gpus: List[Dict[str, Any]], threads: int) -> Tuple[Dict[str, str], List[str]]:
+    env = {}
+    reasons = []
+    nvidia = [gpu for gpu in gpus if gpu.get("vendor") == "nvidia"]
+    amd = [gpu for gpu in gpus if gpu.get("vendor") == "amd"]
+    if nvidia:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(_cuda_index(hints, gpu)) for gpu in nvidia)
+    if amd:
+        ordinals = [gpu["address"] for gpu in hints.gpus if gpu.get("vendor") == "amd"]
+        env["ROCR_VISIBLE_DEVICES"] = ",".join(str(ordinals.index(gpu["address"])) for gpu in amd)
+    for gpu in gpus:
+        if gpu not in nvidia and gpu not in amd:
+            reasons.append("GPU %s (%s): no visibility variable is set for this vendor" % (
+                gpu["address"], gpu.get("vendor") or "unknown vendor"))
+    env["OMP_NUM_THREADS"] = str(threads)
+    return env, reasons
+
+
+def _cuda_index(hints: _Hints, gpu: Dict[str, Any]) -> int:
+    if gpu.get("cuda_index") is not None:
+        return gpu["cuda_index"]
+    # With CUDA_DEVICE_ORDER=PCI_BUS_ID the index is the ordinal in PCI order.
+    return [other["address"] for other in hints.gpus if other.get("vendor") == "nvidia"].index(gpu["address"])

@@ -1,0 +1,193 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: numa_plan
+short_description: Plan where an inference server should run (NUMA node, CPUs, memory policy, GPUs)
+version_added: "0.1.0"
+description:
+  - Runs the collection's placement planner on the target, with the same options as C(numa-pin explain), and returns
+    the plan. Changes nothing.
+  - Use it to template systemd units (C(CPUAffinity=), C(NUMAPolicy=), C(NUMAMask=)), to record the plan a service
+    should follow, and in C(--check) runs.
+  - The decision rules are documented in the collection's C(docs/placement.md).
+author:
+  - inferops.numa contributors (@inferops)
+options:
+  node:
+    description: Node id to anchor on; omit (or C(auto)) to let the planner choose.
+    type: str
+  gpus:
+    description:
+      - C(auto) (instance i gets the i-th GPU in PCI order), C(none), a count, or a list of PCI addresses.
+    type: raw
+    default: auto
+  model_size:
+    description: Model size in bytes, a size such as C(14G), or the path of the model (file or directory) on the target.
+    type: str
+  model:
+    description: Model files or directories the server maps; they size the request when O(model_size) is absent.
+    type: list
+    elements: path
+    default: []
+  memory_headroom:
+    description: Added to the model size for KV cache and buffers, such as C(10%+1G), C(2G) or C(0).
+    type: str
+    default: 10%+1G
+  smt:
+    description: Hand out every hardware thread (true) or one thread per physical core (false).
+    type: bool
+    default: true
+  reserve_cpus:
+    description: CPU list never handed out (housekeeping), such as C(0,1).
+    type: str
+  scope:
+    description: Place on one NUMA node or on a whole socket (package).
+    type: str
+    choices: [node, socket]
+    default: node
+  instances:
+    description: How many instances of this service run on the host.
+    type: int
+    default: 1
+  instance:
+    description: Which instance to plan, 0-based.
+    type: int
+    default: 0
+  policy:
+    description: Memory policy; C(auto) binds when the model fits one node.
+    type: str
+    choices: [auto, bind, preferred, interleave]
+    default: auto
+  on_unfit:
+    description: What to do when the model does not fit one node.
+    type: str
+    choices: [interleave, fail]
+    default: interleave
+  port_base:
+    description: Instance i gets port O(port_base) + i.
+    type: int
+  root:
+    description: Plan for the machine whose C(sys/) and C(proc/) are under this directory.
+    type: path
+    default: /
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Plan instance 1 of 2 of a llama-server on this host
+  inferops.numa.numa_plan:
+    instances: 2
+    instance: 1
+    model: /srv/models/llama-3-8b.Q4_K_M.gguf
+    port_base: 8080
+  register: placement
+
+- name: Show where it goes
+  ansible.builtin.debug:
+    msg: "node {{ placement.plan.node }}, cpus {{ placement.plan.cpulist }}, {{ placement.plan.policy }}"
+"""
+
+RETURN = r"""
+plan:
+  description: The placement.
+  returned: success
+  type: dict
+  contains:
+    policy:
+      description: Memory policy, one of bind, preferred, interleave, weighted-interleave.
+      type: str
+      sample: bind
+    node:
+      description: The anchor node.
+      type: int
+      sample: 1
+    mem_nodes:
+      description: Nodes the memory policy names.
+      type: list
+      elements: int
+      sample: [1]
+    cpu_nodes:
+      description: Nodes whose CPUs are handed out.
+      type: list
+      elements: int
+      sample: [1]
+    cpus:
+      description: CPUs handed out.
+      type: list
+      elements: int
+    cpulist:
+      description: The same CPUs as a kernel list string.
+      type: str
+      sample: 40-79,120-159
+    threads:
+      description: Number of CPUs handed out (use it for C(-t)).
+      type: int
+      sample: 80
+    gpus:
+      description: PCI addresses of the GPUs given to this instance.
+      type: list
+      elements: str
+    env:
+      description: Environment the server gets (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, ...).
+      type: dict
+    port:
+      description: O(port_base) + instance, or null.
+      type: int
+    reasons:
+      description: Every decision and fallback, in words.
+      type: list
+      elements: str
+    inputs:
+      description: The request as the planner saw it.
+      type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import build_request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+
+ARGUMENT_SPEC = {
+    "node": {"type": "str"},
+    "gpus": {"type": "raw", "default": "auto"},
+    "model_size": {"type": "str"},
+    "model": {"type": "list", "elements": "path", "default": []},
+    "memory_headroom": {"type": "str", "default": "10%+1G"},
+    "smt": {"type": "bool", "default": True},
+    "reserve_cpus": {"type": "str"},
+    "scope": {"type": "str", "choices": ["node", "socket"], "default": "node"},
+    "instances": {"type": "int", "default": 1},
+    "instance": {"type": "int", "default": 0},
+    "policy": {"type": "str", "choices": ["auto", "bind", "preferred", "interleave"], "default": "auto"},
+    "on_unfit": {"type": "str", "choices": ["interleave", "fail"], "default": "interleave"},
+    "port_base": {"type": "int"},
+    "root": {"type": "path", "default": "/"},
+}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        topology = read(module.params["root"])
+        placement = plan(topology, build_request(module.params))
+    except NumaError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, plan=placement.to_dict(), topology_warnings=topology["warnings"])
+
+
+if __name__ == "__main__":
+    main()

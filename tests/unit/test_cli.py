@@ -1,0 +1,148 @@
+"""numa-pin: explain on captured machines, exec for real on this host, failure modes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+
+from tests.fixtures import sysfs
+
+PACKAGE_PARENT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "plugins", "module_utils")
+
+
+def numa_pin(*args, **kwargs):
+    """Run the helper the way the installed launcher does: a plain package named numa."""
+    env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT)
+    return subprocess.run([sys.executable, "-m", "numa"] + list(args), capture_output=True, text=True,
+                          env=env, timeout=60, check=False, **kwargs)
+
+
+def test_explain_on_a_captured_gpu_box_picks_the_gpu_node(tmp_path):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    result = numa_pin("explain", "--root", root, "--gpus", "1", "--model-size", "14G", "--port-base", "8080")
+    assert result.returncode == 0, result.stderr
+    explained = json.loads(result.stdout)
+    assert explained["node"] == 1 and explained["mem_nodes"] == [1] and explained["policy"] == "bind"
+    assert explained["gpus"] == ["0000:81:00.0"]
+    assert explained["env"]["CUDA_VISIBLE_DEVICES"] == "0" and explained["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert explained["cpulist"] == "40-79,120-159" and explained["threads"] == 80
+    assert explained["port"] == 8080
+    assert any("GPU" in reason for reason in explained["reasons"])
+
+
+def test_explain_model_size_from_a_path(tmp_path):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path / "root"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\0" * 4096)
+    explained = json.loads(numa_pin("explain", "--root", root, "--model-size", str(model), "--gpus", "none").stdout)
+    assert explained["inputs"]["model_size"] == 4096
+
+
+def test_explain_impossible_request_is_exit_2_with_the_sizes(tmp_path):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    result = numa_pin("explain", "--root", root, "--model-size", "2T", "--on-unfit", "fail")
+    assert result.returncode == cli.EXIT_BAD_REQUEST
+    assert result.stderr.startswith("numa-pin: ") and "TiB" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["explain", "--node", "two"],
+    ["explain", "--instances", "2", "--instance", "2"],
+    ["explain", "--reserve-cpus", "0-x"],
+    ["explain", "--model-size", "fourteen gigs"],
+    ["exec", "--node", "0"],
+    ["facts", "--", "true"],
+])
+def test_bad_arguments_are_clear_errors(args):
+    result = numa_pin(*args)
+    assert result.returncode == cli.EXIT_BAD_REQUEST, result.stderr
+    assert "Traceback" not in result.stderr and result.stderr.strip()
+
+
+def test_facts_prints_the_reader_json(tmp_path):
+    root = sysfs.amd_nps4().write(str(tmp_path))
+    assert json.loads(numa_pin("facts", "--root", root).stdout) == json.loads(json.dumps(read(root)))
+
+
+def test_exec_pins_this_process_and_keeps_its_pid():
+    probe = ("import json, os, sys\n"
+             "status = dict(l.split(':', 1) for l in open('/proc/self/status') if ':' in l)\n"
+             "heap = [l for l in open('/proc/self/numa_maps').read().splitlines() if ' heap' in l]\n"
+             "print(json.dumps([os.getpid(), status['Cpus_allowed_list'].strip(), heap, sys.argv[1:]]))\n")
+    process = subprocess.Popen([sys.executable, "-m", "numa", "exec", "--node", "0", "--port-base", "9000", "--",
+                                sys.executable, "-c", probe, "{threads}", "{port}", "{cpulist}", "{\"n\": {node}}"],
+                               env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    pid, allowed, heap, argv = json.loads(out)
+    expected = plan(read("/"), Request(node=0))
+    assert int(pid) == process.pid  # exec'd, not forked
+    assert allowed == expected.cpulist
+    assert heap and all(" bind:0 " in line for line in heap)
+    assert argv == [str(expected.threads), "9000", expected.cpulist, '{"n": 0}']
+    assert err.count("\n") == 1 and "bind memory on node(s) 0" in err
+
+
+def test_exec_of_a_missing_server_says_so():
+    result = numa_pin("exec", "--node", "0", "--", "/nonexistent/llama-server")
+    assert result.returncode == cli.EXIT_NOT_FOUND
+    assert "cannot exec '/nonexistent/llama-server'" in result.stderr
+
+
+def _one_node_plan():
+    return plan(read("/"), Request(node=0))
+
+
+def test_strict_mode_refuses_to_run_unpinned(monkeypatch):
+    def refuse(policy, nodes, allowed=None):
+        raise kernel.KernelCallError("set_mempolicy", 1, "set_mempolicy(%s) failed: EPERM (seccomp)" % policy)
+
+    monkeypatch.setattr(kernel, "set_mempolicy", refuse)
+    monkeypatch.setattr(kernel, "set_cpu_affinity", lambda cpus, allowed=None: None)
+    with pytest.raises(NumaError) as caught:
+        cli._apply(_one_node_plan(), read("/"), best_effort=False)
+    assert caught.value.exit_code == cli.EXIT_KERNEL_REFUSED
+    assert "refusing to start the server unpinned" in str(caught.value) and "EPERM" in str(caught.value)
+
+
+def test_best_effort_degrades_bind_to_preferred_then_nothing(monkeypatch):
+    tried = []
+
+    def refuse_bind(policy, nodes, allowed=None):
+        tried.append(policy)
+        if policy == "bind":
+            raise kernel.KernelCallError("set_mempolicy", 22, "bind refused")
+
+    monkeypatch.setattr(kernel, "set_mempolicy", refuse_bind)
+    monkeypatch.setattr(kernel, "set_cpu_affinity", lambda cpus, allowed=None: None)
+    notes = cli._apply(_one_node_plan(), read("/"), best_effort=True)
+    assert tried == ["bind", "preferred"]
+    assert any("degraded to preferred" in note for note in notes)
+
+    def refuse_all(policy, nodes, allowed=None):
+        raise kernel.KernelCallError("set_mempolicy", 1, "refused")
+
+    monkeypatch.setattr(kernel, "set_mempolicy", refuse_all)
+    notes = cli._apply(_one_node_plan(), read("/"), best_effort=True)
+    assert notes[-1].startswith("best-effort: memory policy NOT set")
+
+
+def test_port_token_without_port_base_is_an_error():
+    with pytest.raises(NumaError, match="--port-base"):
+        cli.substitute_tokens(["--port", "{port}"], _one_node_plan())
+
+
+def test_tokens_leave_other_braces_alone():
+    placement = _one_node_plan()
+    assert cli.substitute_tokens(["{threads}x{threads}", "{unknown}", "{}"], placement) == [
+        "%dx%d" % (placement.threads, placement.threads), "{unknown}", "{}"]

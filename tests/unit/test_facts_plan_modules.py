@@ -1,0 +1,47 @@
+"""numa_facts and numa_plan as Ansible runs them: main() in-process with module args."""
+
+import json
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.inferops.numa.plugins.modules import numa_facts, numa_plan
+
+from tests.fixtures import sysfs
+
+
+@pytest.fixture
+def run(capsys):
+    def _run(module, args, check=False):
+        with patch_module_args(dict(args, _ansible_check_mode=check)), pytest.raises(SystemExit) as stop:
+            module.main()
+        return stop.value.code, json.loads(capsys.readouterr().out)
+    return _run
+
+
+def test_numa_facts_returns_the_contract_and_changes_nothing(tmp_path, run):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    code, out = run(numa_facts, {"root": root}, check=True)
+    assert code == 0 and out["changed"] is False
+    numa = out["ansible_facts"]["numa"]
+    assert numa["schema_version"] == 1 and numa["node_count"] == 2
+    assert [gpu["address"] for gpu in numa["gpus"]] == ["0000:81:00.0", "0000:c1:00.0"]
+
+
+def test_numa_facts_root_not_a_directory_fails_cleanly(tmp_path, run):
+    code, out = run(numa_facts, {"root": str(tmp_path / "nope")})
+    assert code == 1 and out["failed"] and "not a directory" in out["msg"]
+
+
+def test_numa_plan_per_node_instances_on_a_captured_box(tmp_path, run):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    plans = [run(numa_plan, {"root": root, "instances": 2, "instance": i, "gpus": "none", "port_base": 8080,
+                             "model_size": "14G"})[1]["plan"] for i in (0, 1)]
+    assert [(p["node"], p["port"], p["policy"], p["threads"]) for p in plans] == [(0, 8080, "bind", 80),
+                                                                                  (1, 8081, "bind", 80)]
+
+
+def test_numa_plan_impossible_request_fails_with_sizes(tmp_path, run):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    code, out = run(numa_plan, {"root": root, "model_size": "3T", "on_unfit": "fail"})
+    assert code == 1 and "TiB" in out["msg"]

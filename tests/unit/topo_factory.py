@@ -1,0 +1,167 @@
+"""Build topology dicts in the numa_facts contract's shape (notes/facts-contract.md) for tests.
+
+``make_topology`` fills every derived field (node cpulists, per-node distances and
+GPUs, packages, cuda indexes, totals) from a few node/GPU descriptions, so tests
+state only what matters to them. The presets model machines the planner must get
+right.
+"""
+from typing import Any, Dict, List, Optional, Sequence
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import format_cpulist
+
+GIB = 1024 ** 3
+GIB_KB = 1024 * 1024
+
+
+def make_node(node_id: int, cpus: Sequence[int] = (), total_gib: float = 64, available_gib: Optional[float] = None,
+              packages: Optional[Sequence[int]] = None, has_memory: bool = True) -> Dict[str, Any]:
+    """One node; available defaults to 90% of total. Memory sizes in GiB, stored in kB."""
+    total_kb = int(total_gib * GIB_KB) if has_memory else 0
+    available_kb = int((available_gib if available_gib is not None else total_gib * 0.9) * GIB_KB)
+    available_kb = available_kb if has_memory else 0
+    file_kb = available_kb // 4
+    return {
+        "id": node_id,
+        "cpus": sorted(cpus),
+        "has_cpus": bool(cpus),
+        "has_memory": has_memory,
+        "memory_total_kb": total_kb,
+        # MemFree + FilePages - Shmem == available, as the contract defines it.
+        "memory_free_kb": available_kb - file_kb,
+        "memory_file_kb": file_kb,
+        "memory_shmem_kb": 0,
+        "memory_available_kb": available_kb,
+        "hugepages": {"2048kB": {"total": 0, "free": 0}},
+        "packages": sorted(packages if packages is not None else ([0] if cpus else [])),
+    }
+
+
+def make_gpu(address: str, numa_node: Optional[int], vendor: str = "nvidia",
+             cuda_index: Optional[int] = None, klass: str = "0x030200") -> Dict[str, Any]:
+    vendor_ids = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086", "other": "0x1a03"}
+    return {"address": address, "vendor_id": vendor_ids.get(vendor, "0xffff"), "vendor": vendor,
+            "device_id": "0x0001", "class": klass, "numa_node": numa_node, "local_cpulist": "",
+            "cuda_index": cuda_index}
+
+
+def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int]]] = None,
+                  gpus: Sequence[Dict[str, Any]] = (), allowed: str = "", mems_allowed: str = "",
+                  siblings: Optional[List[List[int]]] = None,
+                  weighted_interleave: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
+    """A full contract dict. distances is a matrix in node order (default 10 local, 21 remote);
+    siblings the SMT groups (default: every CPU its own core)."""
+    nodes = sorted(nodes, key=lambda node: node["id"])
+    ids = [node["id"] for node in nodes]
+    if distances is None:
+        distances = [[10 if a == b else 21 for b in ids] for a in ids]
+    online = sorted(cpu for node in nodes for cpu in node["cpus"])
+    siblings = siblings if siblings is not None else [[cpu] for cpu in online]
+    gpus = [dict(gpu) for gpu in sorted(gpus, key=lambda gpu: gpu["address"])]
+    _fill_cuda_indexes(gpus)
+    for row, node in zip(distances, nodes):
+        node["cpulist"] = format_cpulist(node["cpus"])
+        node["distances"] = {str(other): distance for other, distance in zip(ids, row)}
+        node["gpus"] = [gpu["address"] for gpu in gpus if gpu["numa_node"] == node["id"]]
+    return {
+        "schema_version": 1,
+        "root": "/",
+        "node_count": len(nodes),
+        "warnings": [],
+        "nodes": nodes,
+        "distances": distances,
+        "cpus": {
+            "online": format_cpulist(online), "offline": "", "isolated": "", "nohz_full": "",
+            "allowed": allowed, "mems_allowed": mems_allowed,
+            "threads_per_core": max([len(group) for group in siblings] or [1]),
+            "siblings": sorted(sorted(group) for group in siblings),
+            "packages": _packages(nodes),
+            "l3_groups": [],
+            "caches": {"l1d_kb": None, "l2_kb": None, "l3_kb": None},
+        },
+        "gpus": gpus,
+        "nics": [],
+        "nvme": [],
+        "memory": {"total_kb": sum(node["memory_total_kb"] for node in nodes),
+                   "free_kb": sum(node["memory_free_kb"] for node in nodes),
+                   "available_kb": sum(node["memory_available_kb"] for node in nodes)},
+        "kernel": {"numa_balancing": 1, "zone_reclaim_mode": 0, "transparent_hugepage": "madvise",
+                   "weighted_interleave": weighted_interleave},
+    }
+
+
+def _fill_cuda_indexes(gpus: List[Dict[str, Any]]) -> None:
+    nvidia = [gpu for gpu in gpus if gpu["vendor"] == "nvidia"]
+    for index, gpu in enumerate(nvidia):
+        if gpu["cuda_index"] is None:
+            gpu["cuda_index"] = index
+
+
+def _packages(nodes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    packages = {}
+    for node in nodes:
+        for package in node["packages"]:
+            entry = packages.setdefault(package, {"id": package, "cpus": [], "nodes": []})
+            entry["cpus"].extend(node["cpus"])
+            entry["nodes"].append(node["id"])
+    return [{"id": entry["id"], "cpulist": format_cpulist(entry["cpus"]), "nodes": entry["nodes"]}
+            for _, entry in sorted(packages.items())]
+
+
+def smt_pairs(cores: int) -> List[List[int]]:
+    """Intel-style numbering: core c has threads c and c + cores."""
+    return [[core, core + cores] for core in range(cores)]
+
+
+# ---------------------------------------------------------------- presets ---
+
+def dual_socket_gpu(available_gib: Sequence[float] = (230, 230), **overrides: Any) -> Dict[str, Any]:
+    """2 sockets x 40 cores, SMT2 (cpus 0-159), 256 GiB per node, two NVIDIA GPUs on
+    node 1 and the board's ASPEED BMC display (vendor other) on node 0."""
+    nodes = [
+        make_node(0, list(range(0, 40)) + list(range(80, 120)), 256, available_gib[0], [0]),
+        make_node(1, list(range(40, 80)) + list(range(120, 160)), 256, available_gib[1], [1]),
+    ]
+    gpus = [make_gpu("0000:81:00.0", 1), make_gpu("0000:c1:00.0", 1),
+            make_gpu("0000:03:00.0", 0, vendor="other", klass="0x030000")]
+    return make_topology(nodes, gpus=gpus, siblings=smt_pairs(80), **overrides)
+
+
+def amd_nps4(gpus: Sequence[Dict[str, Any]] = (), available_gib: float = 60, **overrides: Any) -> Dict[str, Any]:
+    """2 sockets in NPS4 mode: 8 nodes of 16 cores (SMT2, cpus 0-255), 64 GiB each;
+    distance 10 local, 12 same socket, 32 across sockets."""
+    nodes = []
+    for node in range(8):
+        cpus = list(range(node * 16, node * 16 + 16)) + list(range(128 + node * 16, 128 + node * 16 + 16))
+        nodes.append(make_node(node, cpus, 64, available_gib, [node // 4]))
+    distances = [[10 if a == b else (12 if a // 4 == b // 4 else 32) for b in range(8)] for a in range(8)]
+    return make_topology(nodes, distances=distances, gpus=gpus, siblings=smt_pairs(128), **overrides)
+
+
+def grace_like(**overrides: Any) -> Dict[str, Any]:
+    """One Grace CPU node (72 cores, 480 GiB) plus CPU-less nodes 1-8 of GPU memory;
+    the GPU reports numa_node 1 (a CPU-less node), as on GH200."""
+    nodes = [make_node(0, range(72), 480, 400, [0])]
+    nodes.append(make_node(1, (), 96, 95))
+    nodes.extend(make_node(node, (), 0.5, 0.5) for node in range(2, 9))
+    ids = range(9)
+    distances = [[10 if a == b else (40 if 0 in (a, b) else 80) for b in ids] for a in ids]
+    return make_topology(nodes, distances=distances, gpus=[make_gpu("0009:01:00.0", 1)], **overrides)
+
+
+def cxl_memory(**overrides: Any) -> Dict[str, Any]:
+    """2 CPU nodes (16 cpus, 64 GiB each) and node 2: 512 GiB of CXL memory, no CPUs,
+    distance 14 from node 0 (nearer than node 1)."""
+    nodes = [make_node(0, range(0, 16), 64, 60, [0]), make_node(1, range(16, 32), 64, 60, [1]),
+             make_node(2, (), 512, 500)]
+    distances = [[10, 21, 14], [21, 10, 24], [14, 24, 10]]
+    return make_topology(nodes, distances=distances, **overrides)
+
+
+def one_node_vm(**overrides: Any) -> Dict[str, Any]:
+    """A 4-vCPU, 8 GiB VM without NUMA: one node 0."""
+    return make_topology([make_node(0, range(4), 8, 6, [0])], **overrides)
+
+
+def cgroup_restricted() -> Dict[str, Any]:
+    """dual_socket_gpu inside a cpuset: cpus 40-59,120-139 and memory of node 1 only."""
+    return dual_socket_gpu(allowed="40-59,120-139", mems_allowed="1")
