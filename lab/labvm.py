@@ -1,0 +1,626 @@
+#!/usr/bin/env python3
+"""QEMU lab machine: an emulated dual-socket, two-NUMA-node Debian guest.
+
+The controller here has one NUMA node, so placement can only be proven on a real
+kernel inside QEMU, whose NUMA topology (SRAT/SLIT, a PCI expander on node 1) the
+guest kernel reads exactly like hardware.
+
+    labvm.py image                          build (once) the cached guest image, print its dir
+    labvm.py up --name N [--numa 2|1]       boot (or reuse) guest N, print its connection JSON
+    labvm.py down --name N                  stop guest N and drop its state
+    labvm.py ssh N -- CMD...                run CMD in guest N
+    labvm.py reboot-wait N                  reboot guest N, wait until SSH answers again
+    labvm.py status                         list guests with their state
+
+Importable from tests: up(), down(), instance(), run_ssh(), put_file(),
+wait_for_ssh(), reboot_wait(), status().
+Python stdlib only; `image` needs root (mmdebstrap, mke2fs -d keeps ownership).
+"""
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Dict, List, Optional, Union
+
+# --- image recipe: every constant here feeds the image hash -----------------
+
+RECIPE_VERSION = 1
+SUITE = "bookworm"
+VARIANT = "minbase"
+# numactl and hwloc are deliberately absent: the collection must place processes
+# without them (numa-pin does the syscalls itself).
+PACKAGES = [
+    "linux-image-amd64", "systemd-sysv", "openssh-server", "python3", "iproute2",
+    "ifupdown", "isc-dhcp-client", "udev", "kmod", "procps", "libgomp1", "curl",
+    "ca-certificates",
+]
+MIRRORS = [
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+]
+DISK_SIZE = "3G"
+HOSTNAME = "numa-lab"
+# Timers and services that only cost boot time (or wake the guest) under TCG.
+MASKED_UNITS = [
+    "apt-daily.timer", "apt-daily-upgrade.timer", "dpkg-db-backup.timer",
+    "e2scrub_all.timer", "e2scrub_reap.service", "fstrim.timer", "man-db.timer",
+    "logrotate.timer", "systemd-tmpfiles-clean.timer", "systemd-timesyncd.service",
+    "systemd-firstboot.service", "getty@tty1.service", "getty-static.service",
+    # Each took ~6 s under TCG, and nothing in the lab uses loop, dm or fuse.
+    "modprobe@loop.service", "modprobe@dm_mod.service", "modprobe@fuse.service",
+    # `udevadm settle` before ifup cost ~18 s; eth0 is brought up on hotplug instead.
+    "ifupdown-pre.service",
+]
+GUEST_FILES = {
+    "etc/hostname": HOSTNAME + "\n",
+    "etc/hosts": "127.0.0.1 localhost\n127.0.1.1 %s\n" % HOSTNAME,
+    "etc/fstab": "/dev/vda / ext4 defaults,noatime 0 1\n",
+    "etc/network/interfaces": (
+        "auto lo\niface lo inet loopback\n\nallow-hotplug eth0\niface eth0 inet dhcp\n"
+    ),
+    # Reverse DNS of the slirp peer would stall every login by seconds.
+    "etc/ssh/sshd_config.d/lab.conf": (
+        "UseDNS no\nPermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+    ),
+    # The journal on disk is pointless for throw-away overlays.
+    "etc/systemd/journald.conf.d/lab.conf": "[Journal]\nStorage=volatile\n",
+    # A unit stuck at shutdown would otherwise stall every reboot for 90 s.
+    "etc/systemd/system.conf.d/lab.conf": "[Manager]\nDefaultTimeoutStopSec=20s\n",
+    # The default initrd carries most drivers and its udev coldplug cost ~14 s
+    # under TCG; the guest only needs its virtio disk and ext4 to find root.
+    "etc/initramfs-tools/conf.d/lab.conf": "MODULES=list\n",
+    "etc/initramfs-tools/modules": "virtio_pci\nvirtio_blk\next4\n",
+}
+DPKG_OPTS = [
+    "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
+    "path-include=/usr/share/doc/*/copyright", "path-exclude=/usr/share/locale/*",
+    "path-exclude=/usr/share/info/*",
+]
+
+# --- runtime constants (not part of the image) -------------------------------
+
+KERNEL_ARGS = "root=/dev/vda rw console=ttyS0 net.ifnames=0 mitigations=off"
+SSH_USER = "root"
+BOOT_TIMEOUT = 300.0
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+SSH_OPTIONS = [
+    "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+    "-o", "LogLevel=ERROR", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+]
+
+PathLike = Union[str, Path]
+
+
+class LabError(Exception):
+    """A lab failure whose message names the cause and the fix."""
+
+
+# --- paths ------------------------------------------------------------------
+
+def cache_root() -> Path:
+    """Root of images and run state; INFEROPS_NUMA_CACHE overrides ~/.cache."""
+    override = os.environ.get("INFEROPS_NUMA_CACHE")
+    if override:
+        return Path(override)
+    return Path(os.path.expanduser("~/.cache/inferops-numa"))
+
+
+def recipe() -> Dict[str, object]:
+    """Everything that determines the image bytes, hashed into its cache key."""
+    return {
+        "version": RECIPE_VERSION, "suite": SUITE, "variant": VARIANT,
+        "packages": sorted(PACKAGES), "mirrors": MIRRORS, "disk_size": DISK_SIZE,
+        "masked_units": sorted(MASKED_UNITS), "files": GUEST_FILES, "dpkg_opts": DPKG_OPTS,
+    }
+
+
+def recipe_hash() -> str:
+    blob = json.dumps(recipe(), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def image_dir() -> Path:
+    return cache_root() / "images" / recipe_hash()
+
+
+def state_dir(name: str) -> Path:
+    if not NAME_RE.match(name):
+        raise LabError("invalid VM name %r: use letters, digits, '.', '_' and '-' "
+                       "(at most 63 characters)" % name)
+    return cache_root() / "run" / name
+
+
+# --- image ------------------------------------------------------------------
+
+def _run(argv: List[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, check=True, **kwargs)
+    except FileNotFoundError:
+        raise LabError("%s: %s is not installed; install it (make apt, or apt-get install "
+                       "qemu-system-x86 qemu-utils mmdebstrap e2fsprogs openssh-client)"
+                       % (what, argv[0]))
+    except subprocess.CalledProcessError as exc:
+        raise LabError("%s failed (exit %d): %s; see the output above"
+                       % (what, exc.returncode, " ".join(argv[:3])))
+
+
+def _customize_rootfs(rootfs: Path, pubkey: str) -> None:
+    """Turn the debootstrapped tree into a bootable, SSH-reachable guest."""
+    for rel, content in GUEST_FILES.items():
+        target = rootfs / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+    # Fixed per image: an uninitialized id would make systemd treat each boot as first boot.
+    (rootfs / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    ssh_dir = rootfs / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (ssh_dir / "authorized_keys").write_text(pubkey)
+    os.chmod(str(ssh_dir / "authorized_keys"), 0o600)
+    unit_dir = rootfs / "etc/systemd/system"
+    for unit in MASKED_UNITS:
+        link = unit_dir / unit
+        if link.exists() or link.is_symlink():
+            link.unlink()
+        link.symlink_to("/dev/null")
+
+
+def _copy_boot_files(rootfs: Path, dest: Path) -> None:
+    kernels = sorted((rootfs / "boot").glob("vmlinuz-*"))
+    initrds = sorted((rootfs / "boot").glob("initrd.img-*"))
+    if not kernels or not initrds:
+        raise LabError("no kernel/initrd in %s/boot: linux-image-amd64 did not install; "
+                       "check the mmdebstrap output" % rootfs)
+    shutil.copyfile(str(kernels[-1]), str(dest / "vmlinuz"))
+    shutil.copyfile(str(initrds[-1]), str(dest / "initrd.img"))
+
+
+def _build_image(tmp: Path) -> None:
+    rootfs = tmp / "rootfs"
+    key = tmp / "id_ed25519"
+    _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "inferops-numa-lab",
+          "-f", str(key)], "ssh-keygen")
+    argv = ["mmdebstrap", "--mode=root", "--variant=" + VARIANT,
+            "--include=" + ",".join(PACKAGES),
+            "--aptopt=Acquire::Languages \"none\""]
+    argv += ["--dpkgopt=" + opt for opt in DPKG_OPTS]
+    argv += [SUITE, str(rootfs)] + MIRRORS
+    _run(argv, "mmdebstrap")
+    _customize_rootfs(rootfs, (tmp / "id_ed25519.pub").read_text())
+    # Rebuild the initrd with the lab's initramfs settings written just above.
+    _run(["chroot", str(rootfs), "update-initramfs", "-u", "-k", "all"], "update-initramfs")
+    _copy_boot_files(rootfs, tmp)
+    _run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "root", "-d", str(rootfs),
+          str(tmp / "disk.img"), DISK_SIZE], "mke2fs")
+    shutil.rmtree(str(rootfs))
+    # Overlays reference this file as their backing store: it must never change.
+    os.chmod(str(tmp / "disk.img"), 0o444)
+    (tmp / "recipe.json").write_text(json.dumps(recipe(), indent=2, sort_keys=True) + "\n")
+
+
+def ensure_image(log=sys.stderr) -> Path:
+    """Return the cached image dir for the current recipe, building it if missing.
+
+    Built in a temp dir and renamed into place, so a killed build leaves no half
+    image; a lock serializes concurrent builders (two molecule scenarios).
+    """
+    final = image_dir()
+    if (final / "disk.img").is_file():
+        return final
+    if os.geteuid() != 0:
+        raise LabError("building the lab image needs root (mmdebstrap --mode=root and "
+                       "mke2fs -d keep file ownership); rerun as root")
+    images = final.parent
+    images.mkdir(parents=True, exist_ok=True)
+    with open(str(images / ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "disk.img").is_file():
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-%s-" % final.name, dir=str(images)))
+        started = time.monotonic()
+        try:
+            print("building lab image %s (takes a few minutes)" % final.name, file=log)
+            _build_image(tmp)
+            os.rename(str(tmp), str(final))
+        finally:
+            if tmp.exists():
+                shutil.rmtree(str(tmp), ignore_errors=True)
+        print("built lab image in %.0f s" % (time.monotonic() - started), file=log)
+    return final
+
+
+def prune_images() -> List[Path]:
+    """Delete cached images of other recipes that no guest boots from; returns them."""
+    images = image_dir().parent
+    if not images.is_dir():
+        return []
+    in_use = {image_dir()}
+    for row in status():
+        if row["running"] and row.get("image"):
+            in_use.add(Path(str(row["image"])))
+    removed = []
+    with open(str(images / ".lock"), "w") as lock:
+        # Holding the lock means no build is running, so .tmp-* dirs are leftovers too.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for entry in sorted(images.iterdir()):
+            if entry.is_dir() and entry not in in_use:
+                shutil.rmtree(str(entry))
+                removed.append(entry)
+    return removed
+
+
+# --- processes --------------------------------------------------------------
+
+def _read_int(path: Path) -> Optional[int]:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def is_our_qemu(pid: int, state: Path) -> bool:
+    """True when pid is a QEMU started for this state dir (never trust a bare pid)."""
+    try:
+        raw = Path("/proc/%d/cmdline" % pid).read_bytes()
+    except OSError:
+        return False
+    args = raw.decode(errors="replace").split("\0")
+    # The trailing slash keeps guest "a" from claiming the QEMU of guest "a2".
+    inside = str(state) + "/"
+    return "qemu-system" in os.path.basename(args[0]) and any(inside in a for a in args)
+
+
+def running_pid(name: str) -> Optional[int]:
+    state = state_dir(name)
+    pid = _read_int(state / "qemu.pid")
+    if pid is not None and is_our_qemu(pid, state):
+        return pid
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _accel() -> str:
+    # KVM guests hang on these hosts (lab-notes.md); opt in explicitly where it works.
+    accel = os.environ.get("INFEROPS_NUMA_ACCEL", "tcg")
+    if accel not in ("tcg", "kvm"):
+        raise LabError("INFEROPS_NUMA_ACCEL=%r: use 'tcg' or 'kvm'" % accel)
+    return accel
+
+
+def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg") -> List[str]:
+    """The QEMU command line: 4 vCPUs as 2 sockets x 2 cores, one display device.
+
+    numa=2: two 1 GiB nodes at SLIT distance 21, the display behind a pxb-pcie
+    expander on node 1 (guest address 0000:81:00.0). numa=1: no NUMA tables, the
+    display on the root complex, so the guest reports its numa_node as -1.
+    """
+    if numa not in (1, 2):
+        raise LabError("--numa %r: the lab supports 1 or 2 nodes" % numa)
+    cpu = "host" if accel == "kvm" else "max"
+    argv = ["qemu-system-x86_64", "-name", state.name,
+            "-machine", "q35,accel=" + accel, "-cpu", cpu, "-m", "2G",
+            "-smp", "4,sockets=2,cores=2,threads=1"]
+    if numa == 2:
+        argv += [
+            "-object", "memory-backend-ram,size=1G,id=m0",
+            "-object", "memory-backend-ram,size=1G,id=m1",
+            "-numa", "node,nodeid=0,cpus=0-1,memdev=m0",
+            "-numa", "node,nodeid=1,cpus=2-3,memdev=m1",
+            "-numa", "dist,src=0,dst=1,val=21",
+            "-device", "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0",
+            "-device", "pcie-root-port,id=rp1,bus=pxb1,chassis=1",
+            "-device", "bochs-display,bus=rp1",
+        ]
+    else:
+        argv += ["-device", "bochs-display,bus=pcie.0"]
+    argv += [
+        "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
+        "-append", KERNEL_ARGS,
+        # Devices on the root complex need bus=pcie.0, or QEMU tries the expander.
+        "-drive", "file=%s,format=qcow2,if=none,id=d0,cache=unsafe" % (state / "overlay.qcow2"),
+        "-device", "virtio-blk-pci,drive=d0,bus=pcie.0",
+        "-netdev", "user,id=n0,hostfwd=tcp:127.0.0.1:%d-:22" % port,
+        "-device", "virtio-net-pci,netdev=n0,bus=pcie.0",
+        "-vga", "none", "-display", "none",
+        "-serial", "file:%s" % (state / "serial.log"),
+        "-daemonize", "-pidfile", str(state / "qemu.pid"),
+    ]
+    return argv
+
+
+# --- ssh --------------------------------------------------------------------
+
+# A VM name, or the dict `up` returned (its "instance" is the VM name, which the
+# helpers need to check that QEMU still runs; molecule's instance names differ).
+InstanceRef = Union[str, Dict[str, object]]
+
+
+def instance(name: str) -> Dict[str, object]:
+    """Connection info of a running guest (the JSON `up` printed)."""
+    path = state_dir(name) / "instance.json"
+    if running_pid(name) is None or not path.is_file():
+        raise LabError("lab VM %r is not running; start it with: lab/labvm.py up --name %s"
+                       % (name, name))
+    return json.loads(path.read_text())
+
+
+def _info(ref: InstanceRef) -> Dict[str, object]:
+    return instance(ref) if isinstance(ref, str) else ref
+
+
+def ssh_argv(ref: InstanceRef, command: Optional[List[str]] = None,
+             connect_timeout: int = 10) -> List[str]:
+    info = _info(ref)
+    argv = ["ssh"] + SSH_OPTIONS + [
+        "-o", "ConnectTimeout=%d" % connect_timeout,
+        "-i", str(info["identity_file"]), "-p", str(info["port"]),
+        "%s@%s" % (info["user"], info["address"]),
+    ]
+    if command:
+        argv += ["--"] + command
+    return argv
+
+
+def run_ssh(ref: InstanceRef, command: Union[str, List[str]], timeout: float = 120,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """Run a shell command in the guest; returns the CompletedProcess (text)."""
+    cmd = [command] if isinstance(command, str) else command
+    try:
+        proc = subprocess.run(ssh_argv(ref, cmd), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise LabError("ssh command timed out after %.0f s: %s; the guest is slow under "
+                       "TCG, raise the timeout" % (timeout, " ".join(cmd)))
+    if check and proc.returncode != 0:
+        raise LabError("guest command failed (exit %d): %s\nstdout: %s\nstderr: %s"
+                       % (proc.returncode, " ".join(cmd), proc.stdout[-2000:],
+                          proc.stderr[-2000:]))
+    return proc
+
+
+def put_file(ref: InstanceRef, local: PathLike, remote: str, mode: str = "0644",
+             timeout: float = 120) -> None:
+    """Copy a local file into the guest over the SSH channel (no sftp needed)."""
+    dest, tmp = shlex.quote(remote), shlex.quote(remote + ".tmp")
+    script = "cat > %s && chmod %s %s && mv %s %s" % (tmp, shlex.quote(mode), tmp, tmp, dest)
+    try:
+        with open(str(local), "rb") as src:
+            proc = subprocess.run(ssh_argv(ref, [script]), stdin=src, capture_output=True,
+                                  timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise LabError("copying %s to the guest timed out after %.0f s; raise the timeout"
+                       % (local, timeout))
+    if proc.returncode != 0:
+        raise LabError("copying %s to the guest's %s failed: %s"
+                       % (local, remote, proc.stderr.decode(errors="replace")[-2000:]))
+
+
+def serial_tail(name: str, lines: int = 40) -> str:
+    try:
+        text = (state_dir(name) / "serial.log").read_text(errors="replace")
+    except OSError:
+        return "(no serial.log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def wait_for_ssh(info: Dict[str, object], timeout: float = BOOT_TIMEOUT,
+                 not_boot_id: Optional[str] = None) -> str:
+    """Poll until the guest runs commands over SSH; returns its boot id.
+
+    slirp accepts TCP on the forwarded port before sshd runs, so only a real
+    command proves readiness. not_boot_id waits for a *new* boot after a reboot.
+    """
+    name = str(info["instance"])
+    deadline = time.monotonic() + timeout
+    while True:
+        if running_pid(name) is None:
+            raise LabError("QEMU for %r exited during boot; serial.log tail:\n%s"
+                           % (name, serial_tail(name)))
+        try:
+            proc = subprocess.run(ssh_argv(info, ["cat", "/proc/sys/kernel/random/boot_id"],
+                                           connect_timeout=5),
+                                  capture_output=True, text=True, timeout=30,
+                                  stdin=subprocess.DEVNULL)
+            boot_id = proc.stdout.strip()
+            if proc.returncode == 0 and boot_id and boot_id != not_boot_id:
+                return boot_id
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() > deadline:
+            raise LabError("guest %r not reachable over SSH after %.0f s; serial.log tail:\n%s"
+                           % (name, timeout, serial_tail(name)))
+        time.sleep(2)
+
+
+def reboot_wait(ref: InstanceRef, timeout: float = BOOT_TIMEOUT) -> float:
+    """Reboot the guest and wait until SSH answers from the new boot; returns seconds."""
+    info = _info(ref)
+    old = run_ssh(info, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
+    started = time.monotonic()
+    # The connection may drop (or linger) before ssh sees an exit status: the new
+    # boot id is the only proof that matters, so the result is ignored.
+    try:
+        subprocess.run(ssh_argv(info, ["systemctl", "reboot"]), capture_output=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pass
+    wait_for_ssh(info, timeout, not_boot_id=old)
+    return time.monotonic() - started
+
+
+# --- up / down / status -------------------------------------------------------
+
+def _launch(name: str, image: Path, state: Path, numa: int, port: Optional[int]) -> int:
+    """Start QEMU daemonized; retries a port another process grabbed meanwhile."""
+    attempts = 1 if port else 3
+    for _ in range(attempts):
+        chosen = port or free_port()
+        log = state / "qemu.log"
+        with open(str(log), "w") as err:
+            proc = subprocess.run(qemu_argv(image, state, numa, chosen, _accel()),
+                                  stdout=err, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+        if proc.returncode == 0:
+            (state / "ssh_port").write_text("%d\n" % chosen)
+            return chosen
+        message = log.read_text(errors="replace").strip()
+        if "hostfwd" not in message and "host forwarding" not in message:
+            break
+    raise LabError("QEMU failed to start %r: %s" % (name, message or "no output"))
+
+
+def up(name: str, numa: int = 2, ssh_port: Optional[int] = None,
+       timeout: float = BOOT_TIMEOUT, log=sys.stderr) -> Dict[str, object]:
+    """Boot guest NAME (or reuse it when already running) and wait for SSH."""
+    state = state_dir(name)
+    if running_pid(name) is not None and (state / "instance.json").is_file():
+        info = json.loads((state / "instance.json").read_text())
+        if info.get("numa") != numa:
+            raise LabError("lab VM %r already runs with --numa %s; run `lab/labvm.py down "
+                           "--name %s` first" % (name, info.get("numa"), name))
+        wait_for_ssh(info, timeout)
+        return info
+    image = ensure_image(log)
+    if state.exists():
+        shutil.rmtree(str(state))
+    state.mkdir(parents=True)
+    _run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "raw",
+          "-b", str(image / "disk.img"), str(state / "overlay.qcow2")], "qemu-img create")
+    started = time.monotonic()
+    port = _launch(name, image, state, numa, ssh_port)
+    info = {
+        "instance": name, "address": "127.0.0.1", "port": port, "user": SSH_USER,
+        "identity_file": str(image / "id_ed25519"), "numa": numa,
+        "state_dir": str(state), "image": str(image),
+    }
+    (state / "instance.json").write_text(json.dumps(info, indent=2) + "\n")
+    try:
+        wait_for_ssh(info, timeout)
+    except LabError:
+        down(name)
+        raise
+    print("lab VM %s up in %.0f s (ssh port %d)" % (name, time.monotonic() - started, port),
+          file=log)
+    return info
+
+
+def down(name: str, timeout: float = 30.0) -> bool:
+    """Stop guest NAME by its pidfile and delete its state; True if it was running."""
+    state = state_dir(name)
+    pid = running_pid(name)
+    if pid is not None:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while is_our_qemu(pid, state) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if is_our_qemu(pid, state):
+            os.kill(pid, signal.SIGKILL)
+            while is_our_qemu(pid, state):
+                time.sleep(0.1)
+    if state.exists():
+        shutil.rmtree(str(state))
+    return pid is not None
+
+
+def status() -> List[Dict[str, object]]:
+    run = cache_root() / "run"
+    rows = []
+    for state in sorted(run.iterdir()) if run.is_dir() else []:
+        if not NAME_RE.match(state.name):
+            continue
+        pid = running_pid(state.name)
+        info_path = state / "instance.json"
+        info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+        rows.append({"name": state.name, "running": pid is not None, "pid": pid,
+                     "port": info.get("port"), "numa": info.get("numa"),
+                     "image": info.get("image")})
+    return rows
+
+
+# --- CLI --------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="labvm.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_image = sub.add_parser("image", help="build the cached guest image (once), print its dir")
+    p_image.add_argument("--prune", action="store_true",
+                         help="also delete cached images of older recipes")
+    p_up = sub.add_parser("up", help="boot or reuse a guest, print connection JSON")
+    p_up.add_argument("--name", required=True)
+    p_up.add_argument("--numa", type=int, choices=(1, 2), default=2)
+    p_up.add_argument("--ssh-port", default="auto", help="host port for SSH, or 'auto'")
+    p_up.add_argument("--timeout", type=float, default=BOOT_TIMEOUT)
+    p_up.add_argument("--json-out", help="also write the connection JSON to this file")
+    p_down = sub.add_parser("down", help="stop a guest and remove its state")
+    p_down.add_argument("--name", required=True)
+    p_ssh = sub.add_parser("ssh", help="run a command in a guest (interactive without one)")
+    p_ssh.add_argument("name")
+    p_ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+    p_rb = sub.add_parser("reboot-wait", help="reboot a guest and wait for SSH")
+    p_rb.add_argument("name")
+    p_rb.add_argument("--timeout", type=float, default=BOOT_TIMEOUT)
+    sub.add_parser("status", help="list guests")
+    return parser
+
+
+def _port_arg(value: str) -> Optional[int]:
+    if value == "auto":
+        return None
+    if not value.isdigit() or not 1024 <= int(value) <= 65535:
+        raise LabError("--ssh-port %r: give 'auto' or a port number 1024-65535" % value)
+    return int(value)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "image":
+            print(ensure_image())
+            if args.prune:
+                for path in prune_images():
+                    print("removed %s" % path, file=sys.stderr)
+        elif args.command == "up":
+            info = up(args.name, args.numa, _port_arg(args.ssh_port), args.timeout)
+            text = json.dumps(info, indent=2)
+            if args.json_out:
+                Path(args.json_out).write_text(text + "\n")
+            print(text)
+        elif args.command == "down":
+            print("stopped" if down(args.name) else "not running")
+        elif args.command == "ssh":
+            cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+            argv_ssh = ssh_argv(args.name, cmd or None)
+            if not cmd:
+                argv_ssh.insert(1, "-t")
+            os.execvp(argv_ssh[0], argv_ssh)
+        elif args.command == "reboot-wait":
+            print("rebooted in %.0f s" % reboot_wait(args.name, args.timeout))
+        elif args.command == "status":
+            for row in status():
+                print(json.dumps(row))
+    except LabError as exc:
+        print("labvm: %s" % exc, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""lab/labvm.py: QEMU command lines, image keys and pidfile safety (no VM booted)."""
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "lab" / "labvm.py"
+_spec = importlib.util.spec_from_file_location("labvm", str(SCRIPT))
+labvm = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(labvm)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFEROPS_NUMA_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def _option_values(argv, flag):
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == flag]
+
+
+def test_two_node_machine_has_slit_and_display_on_node1_expander(tmp_path):
+    argv = labvm.qemu_argv(tmp_path / "img", tmp_path / "run", numa=2, port=2222)
+    assert argv[0] == "qemu-system-x86_64"
+    assert "q35,accel=tcg" in argv and "4,sockets=2,cores=2,threads=1" in argv
+    assert _option_values(argv, "-numa") == [
+        "node,nodeid=0,cpus=0-1,memdev=m0", "node,nodeid=1,cpus=2-3,memdev=m1",
+        "dist,src=0,dst=1,val=21"]
+    devices = _option_values(argv, "-device")
+    assert "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0" in devices
+    assert "bochs-display,bus=rp1" in devices
+    assert _option_values(argv, "-vga") == ["none"]
+    assert "user,id=n0,hostfwd=tcp:127.0.0.1:2222-:22" in _option_values(argv, "-netdev")
+
+
+def test_one_node_machine_has_no_numa_and_display_on_root_complex(tmp_path):
+    argv = labvm.qemu_argv(tmp_path / "img", tmp_path / "run", numa=1, port=2222)
+    assert "-numa" not in argv
+    assert not any(d.startswith("pxb-pcie") for d in _option_values(argv, "-device"))
+    assert "bochs-display,bus=pcie.0" in _option_values(argv, "-device")
+    assert _option_values(argv, "-m") == ["2G"]
+
+
+def test_other_node_counts_are_refused(tmp_path):
+    with pytest.raises(labvm.LabError, match="1 or 2"):
+        labvm.qemu_argv(tmp_path, tmp_path, numa=4, port=2222)
+
+
+def test_image_key_follows_the_recipe(monkeypatch):
+    before = labvm.recipe_hash()
+    assert before == labvm.recipe_hash()
+    monkeypatch.setattr(labvm, "PACKAGES", labvm.PACKAGES + ["numactl"])
+    assert labvm.recipe_hash() != before
+
+
+def test_vm_names_cannot_escape_the_run_dir(cache):
+    assert labvm.state_dir("molecule-default") == cache / "run" / "molecule-default"
+    for bad in ("../etc", "a/b", "", "-x"):
+        with pytest.raises(labvm.LabError, match="invalid VM name"):
+            labvm.state_dir(bad)
+
+
+def _fake_qemu(state: Path) -> subprocess.Popen:
+    """A process whose argv looks like our QEMU: argv[0] qemu-system-*, a state path."""
+    code = "import time; time.sleep(60)"
+    return subprocess.Popen(["bash", "-c", 'exec -a qemu-system-x86_64 "$0" -c "$1" "$2"',
+                             sys.executable, code, str(state / "overlay.qcow2")])
+
+
+def _write_state(state: Path, pid: int) -> None:
+    state.mkdir(parents=True)
+    (state / "qemu.pid").write_text("%d\n" % pid)
+    (state / "instance.json").write_text(json.dumps({"port": 1, "numa": 2}))
+
+
+def _wait_for_argv0(proc: subprocess.Popen) -> None:
+    # Until bash has exec'd, the cmdline is bash's own (its -c script mentions qemu too).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        argv0 = Path("/proc/%d/cmdline" % proc.pid).read_bytes().split(b"\0")[0]
+        if argv0 == b"qemu-system-x86_64":
+            return
+        time.sleep(0.05)
+    raise AssertionError("the fake QEMU never exec'd")
+
+
+def test_down_stops_the_pidfile_qemu_and_removes_state(cache):
+    state = labvm.state_dir("vm1")
+    proc = _fake_qemu(state)
+    try:
+        _wait_for_argv0(proc)
+        _write_state(state, proc.pid)
+        assert labvm.running_pid("vm1") == proc.pid
+        assert labvm.status()[0]["running"] is True
+        assert labvm.down("vm1", timeout=10) is True
+        assert proc.wait(timeout=10) == -15
+        assert not state.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_down_never_kills_a_pid_that_is_not_this_vms_qemu(cache):
+    other = labvm.state_dir("vm10")
+    proc = _fake_qemu(other)
+    try:
+        _wait_for_argv0(proc)
+        # vm1's stale pidfile names vm10's QEMU: a prefix of the path must not match.
+        _write_state(labvm.state_dir("vm1"), proc.pid)
+        assert labvm.running_pid("vm1") is None
+        assert labvm.down("vm1") is False
+        assert proc.poll() is None
+        assert not labvm.state_dir("vm1").exists()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_instance_of_a_stopped_vm_names_the_fix(cache):
+    with pytest.raises(labvm.LabError, match="labvm.py up --name gone"):
+        labvm.instance("gone")
