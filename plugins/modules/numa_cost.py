@@ -1,0 +1,283 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: numa_cost
+short_description: Measure what crossing NUMA nodes costs on a host
+version_added: "0.1.0"
+description:
+  - For every pair of a NUMA node with CPUs and a NUMA node with memory (memory-only nodes included), a child
+    process pinned to the first node's CPUs and bound (C(MPOL_BIND)) to the second node's memory measures memory
+    latency with a pointer chase and copy bandwidth with large memmoves. The pages' node is checked with
+    C(move_pages) before anything is timed.
+  - Returns the matrices, each also as a ratio to the local (nearest-memory) column, next to the firmware's SLIT
+    distances and their ratio. A pair that cannot be measured (no CPUs, no memory, cpuset, not enough free memory,
+    time budget, kernel refused) is null in every matrix and explained in RV(unmeasured).
+  - Samples the kernel's per-node allocation counters (numastat, /proc/vmstat) over O(window_seconds) for the share of
+    remote allocations; for a service given by O(pids) or O(unit) also the share of its pages off its plan's nodes
+    (as M(inferops.numa.numa_audit) reads them) and, where C(perf) can count them, its remote loads.
+  - Changes nothing on the host; the measuring children are always reaped. Check mode runs the same measurement.
+  - The latency method (Python chase minus its own per-step cost) is explained in the collection's C(docs/cost.md),
+    with its agreement to a C pointer chase.
+author:
+  - inferops.numa contributors (@inferops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+options:
+  max_seconds:
+    description:
+      - Time budget for the whole measurement. Pairs that no longer fit are reported in RV(unmeasured), and a child
+        still running at the deadline is killed.
+    type: float
+    default: 120
+  buffer_mb:
+    description:
+      - Size of the chase and copy buffer in MiB, allocated on each memory node in turn.
+      - Default four times the largest cache, at least 64 MiB. A node with less free memory than this (plus 32 MiB)
+        is not measured.
+    type: int
+  small_kb:
+    description:
+      - Size in KiB of the buffer whose chase measures the interpreter's per-step cost. Default half the L1 data
+        cache.
+    type: int
+  chase_steps:
+    description:
+      - Pointer-chase steps per buffer, pair and round, timed in stretches of 5000; the fastest stretch counts.
+    type: int
+    default: 1000000
+  repeats:
+    description:
+      - Copies per pair and round; the fastest counts.
+    type: int
+    default: 5
+  rounds:
+    description:
+      - How many times every pair is measured, round-robin; each pair keeps its quietest round (lowest raw chase
+        time) and its best copy rate.
+    type: int
+    default: 2
+  window_seconds:
+    description:
+      - How long to sample the allocation counters (and run C(perf)) for RV(remote_ratio).
+    type: float
+    default: 1.0
+  pids:
+    description:
+      - PIDs of a service whose pages and remote loads to report. Mutually exclusive with O(unit).
+    type: list
+    elements: int
+  unit:
+    description:
+      - systemd unit of a service whose pages and remote loads to report. Mutually exclusive with O(pids).
+    type: str
+  plan:
+    description:
+      - The service's plan (the C(plan) returned by M(inferops.numa.numa_plan)); its C(mem_nodes) are the nodes the
+        service's pages should be on. Without it, pages are reported per node without a share.
+    type: dict
+attributes:
+  check_mode:
+    support: full
+    details: The measurement changes nothing, so check mode runs it as well.
+  diff_mode:
+    support: none
+  platform:
+    platforms: [linux]
+notes:
+  - Emulated NUMA (QEMU C(-numa)) has no real latency difference between nodes, so the measured ratios are about 1.0
+    while SLIT may say 2.1. The result says which figures are measured (RV(method.measured)).
+  - Other processes on the host make figures read high, never low; RV(method.spread) and the load average in
+    RV(method.noise) show how busy the host was.
+"""
+
+EXAMPLES = r"""
+- name: Measure the cross-node cost with defaults
+  inferops.numa.numa_cost:
+  register: cost
+
+- name: Show the latency ratio matrix
+  ansible.builtin.debug:
+    msg: "{{ cost.latency_ratio }} (SLIT says {{ cost.distance_ratio }})"
+
+- name: Short run, and the remote share of a running service
+  inferops.numa.numa_cost:
+    buffer_mb: 64
+    max_seconds: 30
+    window_seconds: 5
+    unit: llama-server@0.service
+    plan: "{{ plan_result.plan }}"
+"""
+
+RETURN = r"""
+nodes:
+  description: Node ids; the row and column order of every matrix. Rows are CPU nodes, columns memory nodes.
+  returned: always
+  type: list
+  elements: int
+  sample: [0, 1]
+latency_ns:
+  description: Measured memory latency in ns per (CPU node, memory node); null where not measured.
+  returned: always
+  type: list
+  elements: list
+  sample: [[95.1, 141.7], [142.0, 94.8]]
+bandwidth_gbps:
+  description: Measured copy bandwidth in GB/s (bytes read plus written, 1e9 bytes); null where not measured.
+  returned: always
+  type: list
+  elements: list
+latency_ratio:
+  description: latency_ns divided by the row's local column (see RV(local_reference)); above 1 is slower.
+  returned: always
+  type: list
+  elements: list
+  sample: [[1.0, 1.49], [1.5, 1.0]]
+bandwidth_ratio:
+  description: bandwidth_gbps divided by the row's local column; below 1 is slower.
+  returned: always
+  type: list
+  elements: list
+distance:
+  description: The firmware's SLIT distance matrix (not a measurement).
+  returned: always
+  type: list
+  elements: list
+  sample: [[10, 21], [21, 10]]
+distance_ratio:
+  description: SLIT distances divided by the row's local column (not a measurement).
+  returned: always
+  type: list
+  elements: list
+  sample: [[1.0, 2.1], [2.1, 1.0]]
+local_reference:
+  description: Per row, the memory node its ratios are relative to (the node itself, or the nearest memory node of a
+    memory-less CPU node); null when there is none.
+  returned: always
+  type: list
+  elements: int
+unmeasured:
+  description: "Pair C(cpu->mem) (e.g. C(0->1)) -> why it has no numbers."
+  returned: always
+  type: dict
+  sample: {"2->0": "node 2 has no CPUs (memory-only node): nothing can run there"}
+placement:
+  description: "Measured pair -> where move_pages found the sampled buffer pages."
+  returned: always
+  type: dict
+  sample: {"0->1": "65 of 65 sampled pages on node 1"}
+notes:
+  description: Remarks on rows whose ratios could not be computed.
+  returned: always
+  type: list
+  elements: str
+remote_ratio:
+  description:
+    - Allocation counters over the window per node (C(nodes), with C(remote_share) and C(miss_share)) and host-wide
+      (C(host)); C(perf) with C(node_loads)/C(node_load_misses) or the reason they are unavailable; C(service) with
+      C(off_plan_share) when O(pids) or O(unit) is given. C(available=false) with a C(reason) on a kernel without NUMA
+      counters.
+  returned: always
+  type: dict
+method:
+  description: How the figures were made and how far to trust them.
+  returned: always
+  type: dict
+  contains:
+    measured:
+      description: Which figures are measured on the host and which come from the firmware's SLIT.
+      type: str
+    latency:
+      description: The latency method with buffer sizes and step counts.
+      type: str
+    latency_error:
+      description: The known error of the latency method.
+      type: str
+    bandwidth:
+      description: The bandwidth method and what GB/s counts.
+      type: str
+    noise:
+      description: How other load affects the figures, with the load average at the start.
+      type: str
+    raw_ns:
+      description: Per pair, ns per step of the chase over the big buffer before the interpreter's cost is
+        subtracted.
+      type: list
+      elements: list
+    overhead_ns:
+      description: Per pair, ns per step of the same chase over the L1-resident buffer.
+      type: list
+      elements: list
+    spread:
+      description: Per pair, median over fastest stretch of the big chase; 1.0 means a quiet host.
+      type: list
+      elements: list
+    pair_seconds:
+      description: Wall time of each pair's children, all rounds.
+      type: list
+      elements: list
+    rounds_done:
+      description: Per pair, how many rounds were measured (fewer than O(rounds) when the budget ran out).
+      type: list
+      elements: list
+    setup_seconds:
+      description: Time to build the random permutation shared by all pairs.
+      type: float
+    buffer_bytes:
+      description: Size of the chase and copy buffer.
+      type: int
+    small_buffer_bytes:
+      description: Size of the L1-resident buffer.
+      type: int
+topology_signature:
+  description: NUMA shape of the host (CPUs per node, memory-less nodes, SLIT); equal strings mean the same host type.
+  returned: always
+  type: str
+  sample: "node0:2cpu node1:2cpu slit=10,21/21,10"
+elapsed_seconds:
+  description: Wall time of the measurement (the window excluded).
+  returned: always
+  type: float
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cost import (
+    DEFAULT_CHASE_STEPS, DEFAULT_MAX_SECONDS, DEFAULT_REPEATS, DEFAULT_ROUNDS, CostOptions, run)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+
+ARGUMENT_SPEC = {
+    "max_seconds": {"type": "float", "default": DEFAULT_MAX_SECONDS},
+    "buffer_mb": {"type": "int"},
+    "small_kb": {"type": "int"},
+    "chase_steps": {"type": "int", "default": DEFAULT_CHASE_STEPS},
+    "repeats": {"type": "int", "default": DEFAULT_REPEATS},
+    "rounds": {"type": "int", "default": DEFAULT_ROUNDS},
+    "window_seconds": {"type": "float", "default": 1.0},
+    "pids": {"type": "list", "elements": "int"},
+    "unit": {"type": "str"},
+    "plan": {"type": "dict"},
+}
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           mutually_exclusive=[("pids", "unit")])
+    params = module.params
+    try:
+        options = CostOptions(buffer_mb=params["buffer_mb"], small_kb=params["small_kb"],
+                              chase_steps=params["chase_steps"], repeats=params["repeats"],
+                              max_seconds=params["max_seconds"], rounds=params["rounds"])
+        result = run(options, params["window_seconds"], params["pids"], params["unit"], params["plan"])
+    except NumaError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(changed=False, **result)
+
+
+if __name__ == "__main__":
+    main()
