@@ -171,7 +171,15 @@ def test_auto_gpus_pick_the_gpu_local_node_and_set_cuda_env():
     assert result.gpus == ["0000:81:00.0"]
     assert result.env == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "0", "OMP_NUM_THREADS": "80"}
     assert "node 1 chosen: local to GPU 0000:81:00.0" in reasons(result)
-    assert "ignoring display device(s) 0000:03:00.0" in reasons(result)
+
+
+def test_auto_counts_every_gpu_the_reader_lists_whatever_its_vendor():
+    # An accelerator or display of another vendor (the lab's emulated display) is a GPU too.
+    topology = tf.dual_socket_gpu()
+    topology["gpus"] = [tf.make_gpu("0000:81:00.0", 1, vendor="other", klass="0x038000")]
+    result = place(topology)
+    assert (result.node, result.gpus) == (1, ["0000:81:00.0"])
+    assert "CUDA_VISIBLE_DEVICES" not in result.env
 
 
 def test_auto_gpus_give_instance_i_the_ith_gpu_and_split_the_shared_node():
@@ -209,8 +217,10 @@ def test_gpu_count_beyond_the_hosts_gpus_fails_for_that_instance():
     assert "instance 1 cannot be placed" in reasons(result)
 
 
-def test_gpus_by_address_including_a_non_compute_device():
-    result = place(tf.dual_socket_gpu(), gpus=["0000:03:00.0"])
+def test_gpus_by_address_including_a_device_of_another_vendor():
+    topology = tf.dual_socket_gpu()
+    topology["gpus"].append(tf.make_gpu("0000:03:00.0", 0, vendor="other", klass="0x120000"))
+    result = place(topology, gpus=["0000:03:00.0"])
     assert (result.node, result.gpus) == (0, ["0000:03:00.0"])
     assert "CUDA_VISIBLE_DEVICES" not in result.env
     assert "GPU 0000:03:00.0 (other): no visibility variable is set for this vendor" in reasons(result)
@@ -219,7 +229,7 @@ def test_gpus_by_address_including_a_non_compute_device():
 def test_unknown_gpu_address_fails_listing_the_known_ones():
     with pytest.raises(PlacementError) as error:
         place(tf.dual_socket_gpu(), gpus="0000:99:00.0")
-    assert "GPU(s) 0000:99:00.0 not found: this host has 0000:03:00.0, 0000:81:00.0, 0000:c1:00.0" in str(error.value)
+    assert "GPU(s) 0000:99:00.0 not found: this host has 0000:81:00.0, 0000:c1:00.0" in str(error.value)
 
 
 def test_gpus_none_ignores_gpus_and_places_by_memory():

@@ -38,7 +38,7 @@ def make_node(node_id: int, cpus: Sequence[int] = (), total_gib: float = 64, ava
 
 def make_gpu(address: str, numa_node: Optional[int], vendor: str = "nvidia",
              cuda_index: Optional[int] = None, klass: str = "0x030200") -> Dict[str, Any]:
-    vendor_ids = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086", "other": "0x1a03"}
+    vendor_ids = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086", "other": "0x1234"}
     return {"address": address, "vendor_id": vendor_ids.get(vendor, "0xffff"), "vendor": vendor,
             "device_id": "0x0001", "class": klass, "numa_node": numa_node, "local_cpulist": "",
             "cuda_index": cuda_index}
@@ -116,13 +116,12 @@ def smt_pairs(cores: int) -> List[List[int]]:
 
 def dual_socket_gpu(available_gib: Sequence[float] = (230, 230), **overrides: Any) -> Dict[str, Any]:
     """2 sockets x 40 cores, SMT2 (cpus 0-159), 256 GiB per node, two NVIDIA GPUs on
-    node 1 and the board's ASPEED BMC display (vendor other) on node 0."""
+    node 1. (The board's BMC display never reaches the planner: the reader drops it.)"""
     nodes = [
         make_node(0, list(range(0, 40)) + list(range(80, 120)), 256, available_gib[0], [0]),
         make_node(1, list(range(40, 80)) + list(range(120, 160)), 256, available_gib[1], [1]),
     ]
-    gpus = [make_gpu("0000:81:00.0", 1), make_gpu("0000:c1:00.0", 1),
-            make_gpu("0000:03:00.0", 0, vendor="other", klass="0x030000")]
+    gpus = [make_gpu("0000:81:00.0", 1), make_gpu("0000:c1:00.0", 1)]
     return make_topology(nodes, gpus=gpus, siblings=smt_pairs(80), **overrides)
 
 

@@ -36,9 +36,6 @@ POLICIES = ("auto", "bind", "preferred", "interleave")
 ON_UNFIT = ("interleave", "fail")
 SCOPES = ("node", "socket")
 DEFAULT_HEADROOM = "10%+1G"
-# GPUs that run models; anything else the reader lists (a BMC's VGA) is ignored
-# unless named by address.
-COMPUTE_VENDORS = ("nvidia", "amd", "intel")
 # What the kernel assumes between two nodes when firmware gives no SLIT.
 REMOTE_DISTANCE = 20
 LOCAL_DISTANCE = 10
@@ -514,24 +511,21 @@ def _gpus_for_instance(hints: _Hints, request: Request, index: int) -> Tuple[Lis
         return [], []
     if isinstance(selection, list):
         return _gpus_by_address(hints, selection), []
-    compute = [gpu for gpu in hints.gpus if gpu.get("vendor") in COMPUTE_VENDORS]
-    reasons = []
-    ignored = [gpu["address"] for gpu in hints.gpus if gpu not in compute]
-    if ignored:
-        reasons.append("ignoring display device(s) %s: not a compute GPU (name them by address to use them)"
-                       % ", ".join(ignored))
+    # The reader already left out what is not a GPU (BMC video, NVSwitch).
+    gpus = hints.gpus
+    reasons = []  # type: List[str]
     if selection == "auto":
-        if not compute:
-            return [], reasons + ["no compute GPUs found: placing by memory"]
-        if request.instances > len(compute):
-            reasons.append("%d instances share %d GPU(s) round-robin" % (request.instances, len(compute)))
-        return [compute[index % len(compute)]], reasons
+        if not gpus:
+            return [], ["no GPUs found: placing by memory"]
+        if request.instances > len(gpus):
+            reasons.append("%d instances share %d GPU(s) round-robin" % (request.instances, len(gpus)))
+        return [gpus[index % len(gpus)]], reasons
     first = index * selection
-    if first + selection > len(compute):
+    if first + selection > len(gpus):
         raise PlacementError("gpus=%d per instance needs GPUs %d..%d for instance %d but this host has %d "
-                             "compute GPU(s): lower gpus or instances" % (
-                                 selection, first, first + selection - 1, index, len(compute)))
-    return compute[first:first + selection], reasons
+                             "GPU(s): lower gpus or instances" % (
+                                 selection, first, first + selection - 1, index, len(gpus)))
+    return gpus[first:first + selection], reasons
 
 
 def _gpus_by_address(hints: _Hints, addresses: List[str]) -> List[Dict[str, Any]]:
