@@ -5,11 +5,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 COLLECTION_LINK := build/ansible_collections/inferops/numa
-APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap hwloc numactl systemd openssh-client
+APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs hwloc numactl systemd openssh-client \
+	build-essential curl util-linux
+LAB_STAMP := $(VENV)/.lab-installed
+MOLECULE_SCENARIOS := default single-node
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv apt test unit lint sanity molecule demo demo-down bench facts clean
+.PHONY: venv lab-venv apt test unit lint sanity molecule demo demo-down bench facts clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +26,13 @@ $(COLLECTION_LINK):
 
 venv: $(STAMP) $(COLLECTION_LINK)
 
+# The lab's model generator (gguf, numpy) only runs on the controller.
+$(LAB_STAMP): $(STAMP) lab/llama/requirements.txt
+	$(BIN)/pip install -q -r lab/llama/requirements.txt
+	touch $@
+
+lab-venv: venv $(LAB_STAMP)
+
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -33,7 +43,14 @@ apt:
 unit: venv apt
 	$(BIN)/pytest -q tests
 
-test: unit lint sanity
+test: unit lint sanity molecule
+
+# Each scenario boots the QEMU lab guest (image built once, cached in ~/.cache/inferops-numa).
+molecule: venv apt
+	@for scenario in $(MOLECULE_SCENARIOS); do \
+	  echo "== molecule test -s $$scenario"; \
+	  $(BIN)/molecule test -s $$scenario || exit 1; \
+	done
 
 lint: venv
 	$(BIN)/ansible-lint --profile production
@@ -44,10 +61,14 @@ sanity: venv
 facts: venv
 	$(BIN)/ansible localhost -m numa_facts
 
-demo: venv facts
+demo: lab-venv apt
+	$(BIN)/python lab/demo.py up
+
+demo-down: venv
+	$(BIN)/python lab/demo.py down
 
 bench: venv apt
-	$(BIN)/python bench/run_all.py
+	cd bench && ../$(BIN)/python facts_bench.py && ../$(BIN)/python pin_bench.py && ../$(BIN)/python cost_bench.py
 
 clean:
 	rm -rf build $(VENV) tests/output

@@ -513,3 +513,35 @@ def test_same_input_same_plan_whatever_the_dict_and_list_order(seed):
     shuffled = _shuffled(tf.amd_nps4(gpus=[tf.make_gpu("0000:85:00.0", 6), tf.make_gpu("0000:05:00.0", 3)]), seed)
     shuffled["distances"] = []
     assert place(shuffled, instances=3, instance=2, model_size=100 * GIB).to_dict() == expected
+
+
+# ---------------------------------------------------------------- anchors ---
+
+def test_anchors_fix_each_instance_node_whatever_memory_is_free_now():
+    # Instance 0 already runs on node 0 and used memory there: without anchors the
+    # simulation would count it twice and send instance 1 to node 0 as well.
+    busy = tf.dual_socket_gpu(available_gib=(170, 230))
+    assert place(busy, gpus="none", instances=2, instance=1).node == 0
+    pinned = place(busy, gpus="none", instances=2, instance=1, anchors="0,1", model_size="14G")
+    assert (pinned.node, pinned.mem_nodes, pinned.policy) == (1, [1], "bind")
+    assert "node 1 chosen: the deployment's anchor for instance 1" in reasons(pinned)
+
+
+def test_anchors_keep_order_and_repeats():
+    assert Request(instances=3, anchors=[1, 0, 1]).anchors == [1, 0, 1]
+    assert Request(instances=2, anchors="1,0").anchors == [1, 0]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"instances": 2, "anchors": "0"}, r"name 1 node\(s\) for 2 instance\(s\)"),
+    ({"instances": 2, "anchors": "0,x"}, "anchors entry"),
+    ({"instances": 1, "anchors": "0", "node": 1}, "node and anchors both given"),
+])
+def test_bad_anchors_are_clear_errors(options, message):
+    with pytest.raises(NumaError, match=message):
+        Request(**options)
+
+
+def test_an_anchor_that_is_not_usable_fails_like_an_explicit_node():
+    with pytest.raises(PlacementError, match="node 5 does not exist"):
+        place(tf.dual_socket_gpu(), instances=2, anchors="0,5", instance=1)

@@ -38,7 +38,7 @@ EXIT_NOT_FOUND = 127
 
 TOKENS = ("threads", "node", "cpulist", "instance", "port")
 REQUEST_OPTIONS = ("node", "gpus", "model_size", "memory_headroom", "smt", "reserve_cpus", "scope",
-                   "instances", "instance", "policy", "on_unfit", "port_base")
+                   "instances", "instance", "policy", "on_unfit", "port_base", "anchors")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -128,6 +128,8 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--policy", choices=("auto", "bind", "preferred", "interleave"))
     group.add_argument("--on-unfit", choices=("interleave", "fail"))
     group.add_argument("--port-base", type=int, help="{port} becomes port_base + instance")
+    group.add_argument("--anchors", help="node of each instance in instance order, e.g. 0,1, as planned at "
+                                         "deploy time from one snapshot (memory fit is still checked now)")
     group.add_argument("--page-cache", choices=("evict", "warn", "ignore"), default=None,
                        help="model pages cached on a remote node: drop them so the server re-reads them "
                             "locally (evict, the default when binding), only report (warn), or ignore")

@@ -77,6 +77,7 @@ class Request:
     policy: str = "auto"
     on_unfit: str = "interleave"
     port_base: Optional[int] = None
+    anchors: Optional[List[int]] = None
 
     def __post_init__(self) -> None:
         self.node = _optional_int("node", self.node)
@@ -94,6 +95,7 @@ class Request:
         self.policy = _choice("policy", self.policy, POLICIES)
         self.on_unfit = _choice("on_unfit", self.on_unfit, ON_UNFIT)
         self.port_base = _port_base(self.port_base, self.instances)
+        self.anchors = _anchors(self.anchors, self.instances, self.node)
 
     @classmethod
     def from_options(cls, options: Dict[str, Any]) -> "Request":
@@ -201,6 +203,24 @@ def _port_base(value: Any, instances: int) -> Optional[int]:
         raise NumaError("port_base %d + %d instances runs past port 65535: pick a port_base of "
                         "at most %d" % (port, instances, 65536 - instances))
     return port
+
+
+def _anchors(value: Any, instances: int, node: Optional[int]) -> Optional[List[int]]:
+    """The anchor node of every instance, fixed by a deployment that planned them all at once."""
+    if value is None or value == "":
+        return None
+    # Order and repeats matter (instance i -> anchors[i]), so this is no cpulist.
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise NumaError("anchors must be node ids in instance order like '0,1', got %r" % (value,))
+    anchors = [_int("anchors entry", item.strip() if isinstance(item, str) else item, minimum=0)
+               for item in items]
+    if len(anchors) != instances:
+        raise NumaError("anchors %s name %d node(s) for %d instance(s): give one node per instance, in "
+                        "instance order" % (",".join(map(str, anchors)), len(anchors), instances))
+    if node is not None:
+        raise NumaError("node and anchors both given: anchors already fix each instance's node; drop one")
+    return anchors
 
 
 def _gpu_selection(value: Any) -> Union[str, int, List[str]]:
@@ -496,7 +516,7 @@ def _for_instance(error: PlacementError, index: int, instances: int) -> Placemen
 
 def _place_instance(hints: _Hints, request: Request, index: int, state: _State) -> _Placement:
     gpus, reasons = _gpus_for_instance(hints, request, index)
-    anchor, anchor_reasons = _choose_anchor(hints, request, gpus, state)
+    anchor, anchor_reasons = _choose_anchor(hints, request, gpus, state, index)
     memory = _place_memory(hints, request, anchor, state)
     memory.gpus = gpus
     memory.reasons = reasons + anchor_reasons + memory.reasons
@@ -573,9 +593,14 @@ def _gpu_anchor(hints: _Hints, gpus: List[Dict[str, Any]]) -> Tuple[Optional[int
 # ----------------------------------------------------------------- anchor ---
 
 def _choose_anchor(hints: _Hints, request: Request, gpus: List[Dict[str, Any]],
-                   state: _State) -> Tuple[int, List[str]]:
+                   state: _State, index: int) -> Tuple[int, List[str]]:
     if request.node is not None:
         return _explicit_anchor(hints, request.node, gpus)
+    if request.anchors is not None:
+        # Planned at deploy time from one snapshot: the instances already running have
+        # used memory since, which would otherwise reshuffle the spread at every start.
+        return _explicit_anchor(hints, request.anchors[index], gpus, "the deployment's anchor for instance %d"
+                                % index)
     anchor, reasons = _gpu_anchor(hints, gpus)
     if anchor is not None:
         return anchor, reasons
@@ -583,7 +608,8 @@ def _choose_anchor(hints: _Hints, request: Request, gpus: List[Dict[str, Any]],
     return anchor, reasons + score_reasons
 
 
-def _explicit_anchor(hints: _Hints, node: int, gpus: List[Dict[str, Any]]) -> Tuple[int, List[str]]:
+def _explicit_anchor(hints: _Hints, node: int, gpus: List[Dict[str, Any]],
+                     why: str = "requested explicitly") -> Tuple[int, List[str]]:
     if node not in hints.node_ids:
         raise PlacementError("node %d does not exist: this host has node(s) %s; pick one of them or leave "
                              "node unset for automatic placement" % (node, format_cpulist(hints.node_ids)))
@@ -591,7 +617,7 @@ def _explicit_anchor(hints: _Hints, node: int, gpus: List[Dict[str, Any]]) -> Tu
         raise PlacementError("node %d cannot be used: %s; usable node(s): %s -- pick one of them, widen "
                              "the cpuset or shrink reserve_cpus" % (
                                  node, hints.excluded[node], format_cpulist(hints.candidates) or "none"))
-    reasons = ["node %d chosen: requested explicitly" % node]
+    reasons = ["node %d chosen: %s" % (node, why)]
     for gpu in gpus:
         local, _ = _gpu_node(hints, gpu)
         if local is not None and local != node:

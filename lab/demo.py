@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""`make demo`: the example fleet deployed into the emulated dual-socket lab guest.
+
+    demo.py up     boot the guest (cached image), install a real llama-server and a
+                   generated model in it, run site.yml with inventory/example, print
+                   where every instance runs and how local its memory is
+    demo.py down   stop the guest
+
+The guest stands in for `llm-01` of inventory/example: same group (llm_cpu), same
+group_vars, so what runs is exactly the README's fleet example.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import labvm  # noqa: E402  (lab/ is not a package)
+
+VM_NAME = "demo"
+MODEL_MB = 30
+DEMO_DIR = REPO / "build" / "demo"
+BIN = Path(sys.executable).parent
+
+
+def sh(argv, **kwargs):
+    return subprocess.run([str(a) for a in argv], check=True, **kwargs)
+
+
+def build_llama_server() -> Path:
+    out = sh(["bash", HERE / "llama" / "build_server.sh"], stdout=subprocess.PIPE, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def make_model() -> Path:
+    out = sh([sys.executable, HERE / "llama" / "make_model.py", "--size-mb", MODEL_MB],
+             stdout=subprocess.PIPE, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def write_inventory(vm: dict) -> Path:
+    DEMO_DIR.mkdir(parents=True, exist_ok=True)
+    inventory = DEMO_DIR / "hosts.yml"
+    inventory.write_text(
+        "# Written by lab/demo.py: the lab guest as a member of inventory/example's llm_cpu group.\n"
+        "llm_cpu:\n  hosts:\n    numa-lab-demo:\n"
+        "      ansible_host: %s\n      ansible_port: %s\n      ansible_user: %s\n"
+        "      ansible_ssh_private_key_file: %s\n"
+        "      ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null\n"
+        % (vm["address"], vm["port"], vm["user"], vm["identity_file"]))
+    return inventory
+
+
+def ansible_playbook(inventory: Path, playbook: Path, extra=()):
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"))
+    sh([BIN / "ansible-playbook", "-i", REPO / "inventory" / "example", "-i", inventory,
+        "--limit", "numa-lab-demo", playbook] + list(extra), cwd=REPO, env=env)
+
+
+def instance_rows(vm: dict):
+    units = labvm.run_ssh(vm, "systemctl list-units --plain --no-legend --type=service 'llama@*' "
+                              "| awk '{print $1}'").stdout.split()
+    for unit in sorted(units):
+        name = unit[:-len(".service")]
+        plan = json.loads(labvm.run_ssh(vm, "cat /etc/inferops-numa/%s.plan.json" % name).stdout)
+        audit = labvm.run_ssh(vm, "/usr/local/bin/numa-pin audit --unit %s --plan-json "
+                                  "/etc/inferops-numa/%s.plan.json" % (unit, name), check=False)
+        report = json.loads(audit.stdout) if audit.stdout.strip() else {}
+        yield (name, ",".join(str(n) for n in plan["mem_nodes"]), plan["cpulist"], plan["policy"],
+               str(plan["threads"]), _percent(report.get("local_percent")), str(plan.get("port")))
+
+
+def _percent(value) -> str:
+    return "-" if value is None else "%.2f %%" % value
+
+
+def print_table(rows):
+    header = ("instance", "node(s)", "cpus", "policy", "threads", "local pages", "port")
+    rows = [header] + list(rows)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+
+
+def up() -> int:
+    labvm.ensure_image()
+    server, model = build_llama_server(), make_model()
+    vm = labvm.up(VM_NAME, numa=2)
+    labvm.run_ssh(vm, "mkdir -p /opt/llama.cpp /srv/models")
+    labvm.put_file(vm, server / "llama-server.tar.gz", "/tmp/llama-server.tar.gz")
+    labvm.run_ssh(vm, "tar -C /opt/llama.cpp -xzf /tmp/llama-server.tar.gz && rm /tmp/llama-server.tar.gz")
+    labvm.put_file(vm, model, "/srv/models/model.gguf")
+    ansible_playbook(write_inventory(vm), REPO / "site.yml")
+    print("\nThe example fleet in the emulated dual-socket guest (2 nodes x 2 CPUs, SLIT 21):\n")
+    print_table(instance_rows(vm))
+    print("\nssh in:   python3 lab/labvm.py ssh %s" % VM_NAME)
+    print("try:      curl -s http://127.0.0.1:8080/completion -d '{\"prompt\":\"Hi\",\"n_predict\":8}'   (inside)")
+    print("stop it:  make demo-down")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=("up", "down"))
+    if parser.parse_args(argv).action == "down":
+        labvm.down(VM_NAME)
+        return 0
+    return up()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
