@@ -7,10 +7,12 @@
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 bin="$repo/.venv/bin"
-work="$repo/build/sanity/ansible_collections/inferops/numa"
+mkdir -p "$repo/build"
+scratch="$(mktemp -d "$repo/build/sanity.XXXXXX")"
+trap 'rm -rf "$scratch"' EXIT
+work="$scratch/ansible_collections/inferops/numa"
 python_version="${SANITY_PYTHON:-3.11}"
 
-rm -rf "$work"
 mkdir -p "$work"
 # Only what ships in the collection; lab/, bench/, molecule/ and the tests are
 # development tooling that galaxy.yml leaves out of the build as well.
@@ -37,5 +39,6 @@ done
 # The copy sits inside this (git-ignored) build/ folder: give it a repository of
 # its own, or ansible-test sees every file as ignored and skips them all.
 cd "$work"
+printf '/tests/output/\n' > .gitignore
 git init -q . && git add -A
 "$bin/ansible-test" sanity --venv --python "$python_version" --color no "$@"

@@ -1,6 +1,5 @@
-"""``python3 -m numa`` (installed helper) runs the numa-pin CLI."""
-import sys
-
+"""``python3 -m numa`` (the installed helper's package) runs the numa-pin CLI."""
 from .cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -100,7 +100,7 @@ class Request:
     @classmethod
     def from_options(cls, options: Dict[str, Any]) -> "Request":
         """Build from a dict of option names to values; None means "use the default"."""
-        known = [name for name in cls.__dataclass_fields__]
+        known = list(cls.__dataclass_fields__)
         unknown = sorted(set(options) - set(known))
         if unknown:
             raise NumaError("unknown placement option(s) %s: valid options are %s"
@@ -619,7 +619,7 @@ def _explicit_anchor(hints: _Hints, node: int, gpus: List[Dict[str, Any]],
                                  node, hints.excluded[node], format_cpulist(hints.candidates) or "none"))
     reasons = ["node %d chosen: %s" % (node, why)]
     for gpu in gpus:
-        local, _ = _gpu_node(hints, gpu)
+        local = _gpu_node(hints, gpu)[0]
         if local is not None and local != node:
             reasons.append("GPU %s is local to node %d, not to the requested node %d: its traffic "
                            "crosses the interconnect" % (gpu["address"], local, node))
