@@ -72,6 +72,11 @@ options:
   port_base:
     description: Instance i gets port O(port_base) + i.
     type: int
+  anchors:
+    description:
+      - The node of each instance in instance order, such as C(0,1), as a deployment planned them all from one
+        snapshot. Keeps the spread stable when instances already run; memory fit is still checked.
+    type: str
   root:
     description: Plan for the machine whose C(sys/) and C(proc/) are under this directory.
     type: path
@@ -175,6 +180,7 @@ ARGUMENT_SPEC = {
     "policy": {"type": "str", "choices": ["auto", "bind", "preferred", "interleave"], "default": "auto"},
     "on_unfit": {"type": "str", "choices": ["interleave", "fail"], "default": "interleave"},
     "port_base": {"type": "int"},
+    "anchors": {"type": "str"},
     "root": {"type": "path", "default": "/"},
 }
 

@@ -10,6 +10,7 @@ import pytest
 from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, kernel
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 from tests.fixtures import sysfs
@@ -139,10 +140,10 @@ def test_best_effort_degrades_bind_to_preferred_then_nothing(monkeypatch):
 
 def test_port_token_without_port_base_is_an_error():
     with pytest.raises(NumaError, match="--port-base"):
-        cli.substitute_tokens(["--port", "{port}"], _one_node_plan())
+        substitute_tokens(["--port", "{port}"], _one_node_plan().to_dict())
 
 
 def test_tokens_leave_other_braces_alone():
     placement = _one_node_plan()
-    assert cli.substitute_tokens(["{threads}x{threads}", "{unknown}", "{}"], placement) == [
+    assert substitute_tokens(["{threads}x{threads}", "{unknown}", "{}"], placement.to_dict()) == [
         "%dx%d" % (placement.threads, placement.threads), "{unknown}", "{}"]

@@ -24,6 +24,7 @@ import os
 import sys
 
 from .errors import NumaError
+from .tokens import substitute_tokens
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only
@@ -36,9 +37,11 @@ EXIT_BAD_REQUEST = 2
 EXIT_KERNEL_REFUSED = 3
 EXIT_NOT_FOUND = 127
 
-TOKENS = ("threads", "node", "cpulist", "instance", "port")
-REQUEST_OPTIONS = ("node", "gpus", "model_size", "memory_headroom", "smt", "reserve_cpus", "scope",
-                   "instances", "instance", "policy", "on_unfit", "port_base", "anchors")
+# The request flags of explain/exec, options with underscores (units write them in this order).
+REQUEST_FLAGS = ("node", "gpus", "model_size", "model", "memory_headroom", "smt", "reserve_cpus", "scope",
+                 "instances", "instance", "policy", "on_unfit", "page_cache", "port_base", "anchors")
+# Those the planner's Request takes; model and page_cache are handled around it.
+REQUEST_OPTIONS = tuple(flag for flag in REQUEST_FLAGS if flag not in ("model", "page_cache"))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -204,7 +207,7 @@ def run_exec(args: argparse.Namespace, server_argv: List[str]) -> int:
     if args.model:
         notes.extend(_settle_page_cache(args.model, placement, _page_cache_action(args.page_cache, placement.policy)))
     notes.extend(_apply(placement, topology, args.best_effort))
-    argv = substitute_tokens(server_argv, placement)
+    argv = substitute_tokens(server_argv, placement.to_dict())
     os.environ.update(placement.env)
     _say("%s%s; exec %s" % (placement.summary(), "".join("; " + note for note in notes), argv[0]))
     try:
@@ -310,28 +313,6 @@ def _settle_page_cache(models: List[str], placement: Plan, action: str) -> List[
                 notes.append("page cache: %d pages of %s sit on remote nodes (%s)" % (
                     remote, path, ", ".join("N%s=%d" % item for item in sorted(nodes.items()))))
     return notes
-
-
-def substitute_tokens(argv: List[str], placement: Plan) -> List[str]:
-    """Replace ``{threads}``-style tokens; other braces (JSON, templates) are left alone."""
-    values = {
-        "threads": str(placement.threads),
-        "node": str(placement.node),
-        "cpulist": placement.cpulist,
-        "instance": str(placement.instance),
-        "port": None if placement.port is None else str(placement.port),
-    }
-    result = []
-    for arg in argv:
-        for token in TOKENS:
-            marker = "{%s}" % token
-            if marker in arg:
-                if values[token] is None:
-                    raise NumaError("argument %r uses {port} but no --port-base was given: add --port-base N "
-                                    "(instance i listens on N + i)" % arg)
-                arg = arg.replace(marker, values[token])
-        result.append(arg)
-    return result
 
 
 # --- output ---------------------------------------------------------------

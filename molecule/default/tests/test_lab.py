@@ -1,0 +1,126 @@
+"""The dual-socket lab guest after site.yml: every claim read back from the kernel.
+
+Runs on the controller (molecule verify, testinfra over SSH). Placement is checked
+through the guest's own /sys, /proc/<pid>/status and /proc/<pid>/numa_maps (the
+stand-in server reports its numa_maps per node on /health), never through our
+plan files.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+LABVM = os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", "."), "lab", "labvm.py")
+VM_NAME = "molecule-" + os.environ.get("MOLECULE_SCENARIO_NAME", "default")
+INSTANCES = {"lab-cpu@0": 8080, "lab-cpu@1": 8081, "lab-big@0": 8090, "lab-gpu@0": 8095}
+
+
+def node_cpus(host, node):
+    return host.file("/sys/devices/system/node/node%d/cpulist" % node).content_string.strip()
+
+
+def health(host, port):
+    result = host.run("curl -sf --max-time 20 http://127.0.0.1:%d/health" % port)
+    assert result.rc == 0, "no /health on port %d: %s" % (port, result.stderr)
+    return json.loads(result.stdout)
+
+
+def share(pages, node):
+    total = sum(pages.values())
+    return pages.get("N%d" % node, 0) / float(total) if total else 0.0
+
+
+def wait_active(host, units, seconds=420):
+    deadline = time.time() + seconds
+    pending = list(units)
+    while pending and time.time() < deadline:
+        pending = [u for u in pending if host.run("systemctl is-active %s" % u).stdout.strip() != "active"]
+        if pending:
+            time.sleep(5)
+    assert not pending, "not active: %s" % pending
+
+
+def test_numa_balancing_off_and_persisted(host):
+    assert host.sysctl("kernel.numa_balancing") == 0
+    assert "kernel.numa_balancing = 0" in host.file("/etc/sysctl.d/60-inferops-numa.conf").content_string
+
+
+def test_guest_has_two_nodes_and_no_numactl(host):
+    assert (node_cpus(host, 0), node_cpus(host, 1)) == ("0-1", "2-3")
+    assert not host.exists("numactl")
+
+
+@pytest.mark.parametrize("node", [0, 1])
+def test_per_node_instance_is_on_its_node(host, node):
+    state = health(host, 8080 + node)
+    assert state["cpus_allowed_list"] == node_cpus(host, node)
+    assert state["numa_maps_policy"] == "bind:%d" % node
+    assert share(state["pages_per_node"], node) >= 0.99, state["pages_per_node"]
+
+
+def test_oversized_instance_is_interleaved_evenly(host):
+    state = health(host, 8090)
+    pages = state["weights_pages_per_node"]
+    assert state["numa_maps_policy"].startswith("interleave:")
+    for node in (0, 1):
+        assert 0.40 <= share(pages, node) <= 0.60, pages
+
+
+def test_gpu_instance_runs_next_to_the_display_device(host):
+    assert host.file("/sys/bus/pci/devices/0000:81:00.0/numa_node").content_string.strip() == "1"
+    state = health(host, 8095)
+    assert state["cpus_allowed_list"] == node_cpus(host, 1)
+    assert share(state["pages_per_node"], 1) >= 0.99, state["pages_per_node"]
+
+
+@pytest.mark.parametrize("unit, port", sorted(INSTANCES.items()))
+def test_server_pid_is_systemds_main_pid(host, unit, port):
+    main_pid = int(host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip())
+    assert health(host, port)["pid"] == main_pid  # numa-pin exec'd the server, it did not fork
+
+
+@pytest.mark.parametrize("unit", sorted(INSTANCES))
+def test_units_verify_clean(host, unit):
+    result = host.run("systemd-analyze verify %s.service" % unit)
+    assert result.rc == 0 and not result.stderr.strip(), result.stderr
+
+
+def test_audit_module_agrees(host):
+    result = host.run("/usr/local/bin/numa-pin audit --unit lab-cpu@1.service "
+                      "--plan-json /etc/inferops-numa/lab-cpu@1.plan.json")
+    assert result.rc == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout)["ok"] is True
+
+
+def test_unfit_model_with_on_unfit_fail_leaves_the_unit_failed(host):
+    host.run("systemctl reset-failed lab-fault-unfit.service")
+    host.run("systemd-run --unit=lab-fault-unfit --property=Type=exec /usr/local/bin/numa-pin exec "
+             "--model-size 64G --on-unfit fail -- /bin/sleep 600")
+    time.sleep(10)
+    assert host.run("systemctl is-active lab-fault-unfit.service").stdout.strip() != "active"
+    journal = host.run("journalctl -u lab-fault-unfit.service --no-pager").stdout
+    assert "numa-pin:" in journal and "GiB" in journal, journal
+
+
+def test_cpuset_without_the_node_is_a_clear_error(host):
+    host.run("systemctl reset-failed lab-fault-cpuset.service")
+    host.run("systemd-run --unit=lab-fault-cpuset --property=Type=exec --property=AllowedMemoryNodes=0 "
+             "/usr/local/bin/numa-pin exec --node 1 -- /bin/sleep 600")
+    time.sleep(10)
+    assert host.run("systemctl is-active lab-fault-cpuset.service").stdout.strip() != "active"
+    journal = host.run("journalctl -u lab-fault-cpuset.service --no-pager").stdout
+    assert "numa-pin:" in journal and "node 1" in journal, journal
+
+
+def test_after_reboot_balancing_stays_off_and_services_return(host):
+    subprocess.run([sys.executable, LABVM, "reboot-wait", VM_NAME], check=True, timeout=900)
+    assert host.sysctl("kernel.numa_balancing") == 0
+    wait_active(host, ["%s.service" % unit for unit in INSTANCES])
+    for node in (0, 1):
+        state = health(host, 8080 + node)
+        assert state["cpus_allowed_list"] == node_cpus(host, node)
+        assert share(state["pages_per_node"], node) >= 0.99

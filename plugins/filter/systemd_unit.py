@@ -1,0 +1,52 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters that write values into systemd units safely and map a Plan to unit settings.
+
+Thin: the rules live in ``module_utils/numa/systemd.py`` (tested there); these
+wrappers only turn its NumaError into AnsibleFilterError so a bad variable
+fails the task with the message that names the fix.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+
+
+def _filter(func):
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except NumaError as exc:
+            raise AnsibleFilterError(str(exc)) from None
+    return wrapper
+
+
+def _settings(plan, systemd_version):
+    return [list(pair) for pair in systemd.numa_settings(plan, int(systemd_version))]
+
+
+class FilterModule:
+    """inferops.numa systemd filters."""
+
+    def filters(self):
+        return {
+            "systemd_exec": _filter(systemd.exec_line),
+            "systemd_args": _filter(systemd.exec_args),
+            "systemd_value": _filter(systemd.setting_value),
+            "systemd_path": _filter(systemd.path_value),
+            "systemd_environment": _filter(systemd.environment_lines),
+            "systemd_setting_name": _filter(systemd.setting_name),
+            "systemd_unit_prefix": _filter(systemd.unit_prefix),
+            "systemd_version": _filter(systemd.parse_systemd_version),
+            "numa_pin_flags": _filter(systemd.request_flags),
+            "numa_substitute": _filter(systemd.substitute_tokens),
+            "numa_plan_record": _filter(systemd.plan_record),
+            "numa_systemd_settings": _filter(_settings),
+        }

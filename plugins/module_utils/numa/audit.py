@@ -1,0 +1,571 @@
+"""Where a running service's memory and threads really are, judged against its Plan.
+
+Reads only what the kernel reports, never our own outputs:
+
+- ``/proc/<pid>/numa_maps``: resident pages per node for every mapping. A line
+  has no ``N<node>=`` counts when nothing of it is resident. Counts are in the
+  mapping's ``kernelpagesize_kB`` (4 for normal pages, 2048 for hugetlb), so
+  sums are kept in bytes and converted to base pages only for reporting.
+- ``/proc/<pid>/task/<tid>/status`` and ``stat``: each thread's
+  ``Cpus_allowed_list``, ``Mems_allowed_list`` and the CPU it last ran on.
+  ``Mems_allowed_list`` follows cpusets, not the memory policy, so memory is
+  judged from numa_maps only.
+
+Three kinds of resident pages:
+
+- ``anon``: mappings without a backing file (heap, stack, malloc arenas, a model
+  read with --no-mmap) and mappings whose resident pages are all anonymous
+  (``anon=`` equals the total, e.g. MAP_PRIVATE hugetlb). They follow the
+  memory policy.
+- ``file``: the other file-backed mappings -- page cache, such as an mmap-ed
+  model, sitting wherever the file was first read (the page-cache trap). The
+  few copy-on-write pages of a private file mapping stay here: numa_maps does
+  not say on which node they are.
+- ``code``: file-backed mappings that are executable in ``/proc/<pid>/maps``:
+  program and library text. One copy serves every process on the host (the
+  kernel never replicates it per node), so a second instance's code is
+  "remote" by construction; it is reported, and left out of the local share.
+
+The local share is the bytes on the plan's ``mem_nodes`` over the resident
+``anon`` + ``file`` bytes (or one of them, ``pages``). It is enforced
+(``min_local_percent``) for ``bind`` plans; for ``preferred`` and interleave
+plans it is reported, with the spread across the interleave set. A thread
+allowed or last seen on a CPU outside the plan's CPUs always fails the audit.
+"""
+
+import os
+import re
+import subprocess
+import time
+from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+
+from .cpulist import format_cpulist, parse_cpulist
+from .errors import NumaError
+from .sizes import format_size
+
+KINDS = ("anon", "file", "code")
+PAGE_SELECTIONS = ("all", "anon", "file")
+ENFORCED_POLICIES = ("bind",)
+INTERLEAVE_POLICIES = ("interleave", "weighted-interleave")
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup")
+CGROUP_ROOTS = ("sys/fs/cgroup", "sys/fs/cgroup/systemd", "sys/fs/cgroup/unified")
+# RSS counts as settled when two samples one poll apart differ by at most this share.
+RSS_SETTLED_SHARE = 0.01
+POLL_SECONDS = 1.0
+
+_NODE_COUNT = re.compile(r"^N(\d+)=(\d+)$")
+_COUNTER = re.compile(r"^([A-Za-z_]+)=(\d+)$")
+# Words numa_maps prints between the policy and the counters.
+_FLAGS = frozenset(("heap", "stack", "huge"))
+
+Runner = Callable[[List[str]], Tuple[int, str, str]]
+
+
+class MapsLine(NamedTuple):
+    """One resident mapping of numa_maps."""
+
+    policy: str
+    kind: str  # one of KINDS
+    page_bytes: int
+    pages: Dict[int, int]  # node -> pages of page_bytes
+
+
+class Expectation(NamedTuple):
+    """What a Plan says the process should look like."""
+
+    policy: Optional[str]
+    mem_nodes: List[int]
+    cpus: List[int]
+
+
+def parse_numa_maps_line(line: str, executable: Collection[int] = ()) -> Optional[MapsLine]:
+    """A numa_maps line -> MapsLine, or None when nothing of the mapping is resident.
+
+    ``executable``: start addresses of the executable mappings (from maps), so that
+    file-backed code is told apart from file data.
+
+    Layout: ``<address> <policy> [file=PATH|heap|stack] [huge] key=value... N<node>=<pages>...
+    kernelpagesize_kB=<kB>``. The policy may hold spaces (``prefer (many):0-1``,
+    ``weighted interleave:0-1``); a path never does (the kernel escapes it).
+    """
+    fields = line.split()
+    policy_words = []  # type: List[str]
+    has_file = False
+    counters = {}  # type: Dict[str, int]
+    pages = {}  # type: Dict[int, int]
+    for field in fields[1:]:
+        node = _NODE_COUNT.match(field)
+        counter = _COUNTER.match(field)
+        if node:
+            pages[int(node.group(1))] = int(node.group(2))
+        elif counter:
+            counters[counter.group(1)] = int(counter.group(2))
+        elif field.startswith("file="):
+            has_file = True
+        elif field not in _FLAGS and not counters and not has_file:
+            policy_words.append(field)
+    if not pages:
+        return None
+    if "kernelpagesize_kB" not in counters:
+        raise NumaError("numa_maps line without kernelpagesize_kB: %r" % line)
+    if not has_file or counters.get("anon", 0) >= sum(pages.values()):
+        kind = "anon"
+    elif int(fields[0], 16) in executable:
+        kind = "code"
+    else:
+        kind = "file"
+    return MapsLine(" ".join(policy_words) or "unknown", kind, counters["kernelpagesize_kB"] * 1024, pages)
+
+
+def executable_starts(maps_text: str) -> Set[int]:
+    """Start addresses of the executable mappings of a ``/proc/<pid>/maps`` text."""
+    starts = set()
+    for line in maps_text.splitlines():
+        fields = line.split(None, 2)
+        if len(fields) >= 2 and "x" in fields[1]:
+            starts.add(int(fields[0].split("-", 1)[0], 16))
+    return starts
+
+
+def parse_numa_maps(text: str, executable: Collection[int] = ()) -> List[MapsLine]:
+    """Every resident mapping of a numa_maps file."""
+    lines = []
+    for raw in text.splitlines():
+        parsed = parse_numa_maps_line(raw, executable)
+        if parsed is not None:
+            lines.append(parsed)
+    return lines
+
+
+def node_bytes(lines: Sequence[MapsLine]) -> Dict[int, Dict[str, int]]:
+    """node -> {"anon": bytes, "file": bytes, "code": bytes}."""
+    totals = {}  # type: Dict[int, Dict[str, int]]
+    for line in lines:
+        for node, count in line.pages.items():
+            entry = totals.setdefault(node, _zero())
+            entry[line.kind] += count * line.page_bytes
+    return totals
+
+
+def _zero() -> Dict[str, int]:
+    return dict((kind, 0) for kind in KINDS)
+
+
+def policy_bytes(lines: Sequence[MapsLine]) -> Dict[str, int]:
+    """Resident bytes per memory policy as numa_maps prints it (``bind:1``, ``default`` ...)."""
+    totals = {}  # type: Dict[str, int]
+    for line in lines:
+        totals[line.policy] = totals.get(line.policy, 0) + sum(line.pages.values()) * line.page_bytes
+    return totals
+
+
+def parse_status(text: str) -> Dict[str, str]:
+    """``/proc/<pid>/status`` -> {"Name": "llama-server", "Cpus_allowed_list": "0-3", ...}."""
+    fields = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key.strip()] = value.strip()
+    return fields
+
+
+def last_cpu(stat_text: str) -> Optional[int]:
+    """Field 39 (``processor``) of ``/proc/<pid>/task/<tid>/stat``; the name may hold spaces and ')'."""
+    dummy, sep, rest = stat_text.rpartition(")")
+    fields = rest.split()
+    # rest starts at field 3 (state); processor is field 39.
+    if not sep or len(fields) < 37:
+        return None
+    try:
+        return int(fields[36])
+    except ValueError:
+        return None
+
+
+def expectation(plan: Optional[Mapping[str, Any]]) -> Optional[Expectation]:
+    """The parts of a Plan (or plan record) the audit compares with; None without a plan."""
+    if plan is None:
+        return None
+    if not isinstance(plan, Mapping):
+        raise NumaError("plan %r is not a mapping: pass the plan dict of numa_plan or its plan file" % (plan,))
+    try:
+        mem_nodes = sorted(int(node) for node in plan.get("mem_nodes") or [])
+        if plan.get("cpus"):
+            cpus = sorted(int(cpu) for cpu in plan["cpus"])
+        else:
+            cpus = parse_cpulist(plan.get("cpulist") or "")
+    except (TypeError, ValueError) as exc:
+        raise NumaError("plan has unreadable mem_nodes/cpus (%s): pass the plan dict of numa_plan" % exc)
+    return Expectation(plan.get("policy"), mem_nodes, cpus)
+
+
+class _Proc:
+    """Reads ``<root>/proc``; a process or thread that exits while read is reported, not fatal."""
+
+    def __init__(self, root: str) -> None:
+        self.base = os.path.join(root, "proc")
+
+    def read(self, *parts: str) -> Optional[str]:
+        path = os.path.join(self.base, *parts)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+        except PermissionError:
+            raise NumaError("cannot read %s: permission denied; audit as root (become: true) or as the "
+                            "service's user" % path)
+        except ProcessLookupError:
+            return None
+
+    def tasks(self, pid: int) -> List[int]:
+        try:
+            names = os.listdir(os.path.join(self.base, str(pid), "task"))
+        except (FileNotFoundError, ProcessLookupError):
+            return []
+        return sorted(int(name) for name in names if name.isdigit())
+
+
+def _thread_report(proc: _Proc, pid: int, tid: int) -> Optional[Dict[str, Any]]:
+    status_text = proc.read(str(pid), "task", str(tid), "status")
+    if status_text is None:
+        return None
+    status = parse_status(status_text)
+    stat_text = proc.read(str(pid), "task", str(tid), "stat") or ""
+    return {"tid": tid, "name": status.get("Name", ""),
+            "cpus_allowed": status.get("Cpus_allowed_list", ""),
+            "mems_allowed": status.get("Mems_allowed_list", ""),
+            "last_cpu": last_cpu(stat_text)}
+
+
+def _outside(thread: Mapping[str, Any], cpus: List[int]) -> bool:
+    allowed = set(parse_cpulist(thread["cpus_allowed"]))
+    if allowed - set(cpus):
+        return True
+    return thread["last_cpu"] is not None and thread["last_cpu"] not in cpus
+
+
+def _percent(part: int, whole: int) -> Optional[float]:
+    if whole <= 0:
+        return None
+    return round(100.0 * part / whole, 2)
+
+
+def _selected(entry: Mapping[str, int], pages: str) -> int:
+    if pages == "all":
+        return entry["anon"] + entry["file"]
+    return entry[pages]
+
+
+def local_shares(nodes: Mapping[int, Mapping[str, int]], mem_nodes: List[int]) -> Dict[str, Optional[float]]:
+    """Local percent of "all" (anon + file), anon, file and code bytes, given the nodes memory should be on."""
+    shares = {}  # type: Dict[str, Optional[float]]
+    for pages in PAGE_SELECTIONS + ("code",):
+        total = sum(_selected(entry, pages) for entry in nodes.values())
+        local = sum(_selected(entry, pages) for node, entry in nodes.items() if node in mem_nodes)
+        shares[pages] = _percent(local, total)
+    return shares
+
+
+def _nodes_out(nodes: Mapping[int, Mapping[str, int]], page_size: int) -> Dict[str, Dict[str, int]]:
+    out = {}
+    for node in sorted(nodes):
+        entry = nodes[node]
+        out[str(node)] = {}
+        for kind in KINDS:
+            out[str(node)][kind + "_bytes"] = entry[kind]
+            out[str(node)][kind + "_pages"] = entry[kind] // page_size
+    return out
+
+
+def read_process(root: str, pid: int, page_size: int) -> Optional[Dict[str, Any]]:
+    """Threads and per-node memory of one process; None when it is gone."""
+    proc = _Proc(root)
+    status_text = proc.read(str(pid), "status")
+    numa_maps_text = proc.read(str(pid), "numa_maps")
+    maps_text = proc.read(str(pid), "maps")
+    if status_text is None or numa_maps_text is None or maps_text is None:
+        return None
+    status = parse_status(status_text)
+    threads = [thread for thread in (_thread_report(proc, pid, tid) for tid in proc.tasks(pid)) if thread]
+    lines = parse_numa_maps(numa_maps_text, executable_starts(maps_text))
+    return {"pid": pid, "name": status.get("Name", ""),
+            "cpus_allowed": status.get("Cpus_allowed_list", ""),
+            "mems_allowed": status.get("Mems_allowed_list", ""),
+            "threads": threads,
+            "policies": policy_bytes(lines),
+            "node_bytes": node_bytes(lines)}
+
+
+def _merge(into: Dict[int, Dict[str, int]], nodes: Mapping[int, Mapping[str, int]]) -> None:
+    for node, entry in nodes.items():
+        target = into.setdefault(node, _zero())
+        for kind in KINDS:
+            target[kind] += entry[kind]
+
+
+def _process_out(raw: Dict[str, Any], expect: Optional[Expectation], page_size: int) -> Dict[str, Any]:
+    nodes = raw["node_bytes"]
+    outside = [t for t in raw["threads"] if expect and expect.cpus and _outside(t, expect.cpus)]
+    result = {"pid": raw["pid"], "name": raw["name"], "cpus_allowed": raw["cpus_allowed"],
+              "mems_allowed": raw["mems_allowed"], "thread_count": len(raw["threads"]),
+              "threads_outside": outside, "policies": raw["policies"],
+              "nodes": _nodes_out(nodes, page_size),
+              "resident_bytes": _resident(nodes)}
+    if expect is not None:
+        shares = local_shares(nodes, expect.mem_nodes)
+        result.update(local_percent=shares["all"], anon_local_percent=shares["anon"],
+                      file_local_percent=shares["file"], code_local_percent=shares["code"])
+    return result
+
+
+def _resident(nodes: Mapping[int, Mapping[str, int]]) -> int:
+    return sum(sum(entry.values()) for entry in nodes.values())
+
+
+def _interleave_spread(nodes: Mapping[int, Mapping[str, int]], expect: Expectation,
+                       pages: str) -> Dict[str, Optional[float]]:
+    on_set = dict((node, _selected(nodes.get(node, _zero()), pages)) for node in expect.mem_nodes)
+    total = sum(on_set.values())
+    return dict((str(node), _percent(count, total)) for node, count in sorted(on_set.items()))
+
+
+def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_local_percent: float,
+          pages: str, page_size: int) -> Dict[str, Any]:
+    """Totals, shares and the verdict for raw process readings (see read_process)."""
+    if pages not in PAGE_SELECTIONS:
+        raise NumaError("pages must be one of %s, not %r" % (", ".join(PAGE_SELECTIONS), pages))
+    totals = {}  # type: Dict[int, Dict[str, int]]
+    for raw in processes:
+        _merge(totals, raw["node_bytes"])
+    report = {"processes": [_process_out(raw, expect, page_size) for raw in processes],
+              "nodes": _nodes_out(totals, page_size),
+              "resident_bytes": _resident(totals),
+              "pages": pages, "min_local_percent": min_local_percent,
+              "policy": expect.policy if expect else None,
+              "expected_mem_nodes": expect.mem_nodes if expect else None,
+              "expected_cpus": format_cpulist(expect.cpus) if expect else None,
+              "local_percent": None, "remote_percent": None,
+              "anon_local_percent": None, "file_local_percent": None, "code_local_percent": None,
+              "interleave_percent": None}
+    problems = []  # type: List[str]
+    if expect is not None:
+        shares = local_shares(totals, expect.mem_nodes)
+        local = shares[pages]
+        report.update(local_percent=local, anon_local_percent=shares["anon"], file_local_percent=shares["file"],
+                      code_local_percent=shares["code"],
+                      remote_percent=None if local is None else round(100.0 - local, 2))
+        if expect.policy in INTERLEAVE_POLICIES:
+            report["interleave_percent"] = _interleave_spread(totals, expect, pages)
+        problems.extend(_memory_problems(totals, expect, min_local_percent, pages, local))
+        problems.extend(_thread_problems(report["processes"], expect))
+    report["ok"] = not problems
+    report["msg"] = _message(report, problems)
+    return report
+
+
+def _memory_problems(totals: Mapping[int, Mapping[str, int]], expect: Expectation, min_local_percent: float,
+                     pages: str, local: Optional[float]) -> List[str]:
+    if expect.policy not in ENFORCED_POLICIES or local is None or local >= min_local_percent:
+        return []
+    remote = dict((node, entry) for node, entry in totals.items()
+                  if node not in expect.mem_nodes and _selected(entry, pages))
+    where = ", ".join("%s on node %d (anon %s, file %s)" % (
+        format_size(_selected(entry, pages)), node, format_size(entry["anon"]), format_size(entry["file"]))
+        for node, entry in sorted(remote.items()))
+    return ["%.2f%% of the %s memory is on node(s) %s, below min_local_percent %s; remote: %s" % (
+        local, "anon + file" if pages == "all" else pages, format_cpulist(expect.mem_nodes), min_local_percent,
+        where)]
+
+
+def _pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else "%.2f" % value
+
+
+def _thread_problems(processes: List[Mapping[str, Any]], expect: Expectation) -> List[str]:
+    problems = []
+    for process in processes:
+        for thread in process["threads_outside"]:
+            problems.append("PID %d thread %d (%s) may run on CPUs %s (last on CPU %s), outside the plan's %s"
+                            % (process["pid"], thread["tid"], thread["name"], thread["cpus_allowed"],
+                               thread["last_cpu"], format_cpulist(expect.cpus)))
+    return problems
+
+
+def _message(report: Mapping[str, Any], problems: List[str]) -> str:
+    pids = ", ".join(str(p["pid"]) for p in report["processes"])
+    head = "PID(s) %s: %s resident" % (pids, format_size(report["resident_bytes"]))
+    if report["local_percent"] is not None:
+        head += ", %.2f%% of %s on node(s) %s (anon %s%%, file %s%%; code %s%%, not counted)" % (
+            report["local_percent"], "anon + file" if report["pages"] == "all" else report["pages"],
+            format_cpulist(report["expected_mem_nodes"]), _pct(report["anon_local_percent"]),
+            _pct(report["file_local_percent"]), _pct(report["code_local_percent"]))
+    if report["interleave_percent"]:
+        head += ", interleave spread %s" % ", ".join(
+            "node %s %s%%" % (node, _pct(share)) for node, share in report["interleave_percent"].items())
+    if not problems:
+        return head
+    return head + ". FAILED: " + "; ".join(problems)
+
+
+def audit_pids(root: str, pids: Sequence[int], plan: Optional[Mapping[str, Any]] = None,
+               min_local_percent: float = 99.0, pages: str = "all",
+               page_size: Optional[int] = None) -> Dict[str, Any]:
+    """Audit explicit PIDs; a PID that does not exist is an error."""
+    size = page_size or os.sysconf("SC_PAGE_SIZE")
+    processes = []
+    for pid in pids:
+        raw = read_process(root, int(pid), size)
+        if raw is None:
+            raise NumaError("no process %s under %s: give the PID of a running process" % (pid, os.path.join(root, "proc")))
+        processes.append(raw)
+    return judge(processes, expectation(plan), min_local_percent, pages, size)
+
+
+def run_command(argv: List[str]) -> Tuple[int, str, str]:
+    """Default runner for systemctl."""
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False,
+                              universal_newlines=True)
+    except OSError as exc:
+        raise NumaError("cannot run %s: %s; audit a unit only on a host running systemd, or pass PIDs"
+                        % (argv[0], exc.strerror))
+    return done.returncode, done.stdout, done.stderr
+
+
+def show_unit(unit: str, run: Runner) -> Dict[str, str]:
+    """``systemctl show`` properties of a unit (UNIT_PROPERTIES)."""
+    argv = ["systemctl", "show", "--property=" + ",".join(UNIT_PROPERTIES), "--", unit]
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise NumaError("systemctl show %s failed (rc %d): %s" % (unit, rc, (err or out).strip()))
+    props = {}
+    for line in out.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            props[key] = value
+    return props
+
+
+def unit_pids(root: str, props: Mapping[str, str]) -> List[int]:
+    """Every PID in the unit's cgroup (child cgroups too); the MainPID when the cgroup is unreadable."""
+    group = props.get("ControlGroup", "").strip("/")
+    if group:
+        for base in CGROUP_ROOTS:
+            top = os.path.join(root, base, group)
+            if os.path.isdir(top):
+                return _cgroup_pids(top)
+    main = int(props.get("MainPID") or 0)
+    return [main] if main > 0 else []
+
+
+def _cgroup_pids(top: str) -> List[int]:
+    pids = set()
+    for directory, dummy, files in os.walk(top):
+        if "cgroup.procs" not in files:
+            continue
+        try:
+            with open(os.path.join(directory, "cgroup.procs"), encoding="ascii") as handle:
+                pids.update(int(line) for line in handle.read().split())
+        except FileNotFoundError:
+            continue
+    return sorted(pids)
+
+
+def _rss_kb(root: str, pid: int) -> Optional[int]:
+    text = _Proc(root).read(str(pid), "status")
+    if text is None:
+        return None
+    value = parse_status(text).get("VmRSS", "").split()
+    return int(value[0]) if value and value[0].isdigit() else None
+
+
+class _Settle:
+    """Tracks the MainPID's RSS until it stops growing for settle_seconds."""
+
+    def __init__(self, settle_seconds: float) -> None:
+        self.settle_seconds = settle_seconds
+        self.last = None  # type: Optional[Tuple[int, int]]
+        self.since = None  # type: Optional[float]
+
+    def update(self, pid: int, rss_kb: Optional[int], now: float) -> bool:
+        sample = None if rss_kb is None else (pid, rss_kb)
+        steady = (sample is not None and self.last is not None and self.last[0] == pid
+                  and abs(rss_kb - self.last[1]) <= self.last[1] * RSS_SETTLED_SHARE)
+        self.last = sample
+        if not steady:
+            self.since = None
+            return self.settle_seconds <= 0 and sample is not None
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.settle_seconds
+
+
+def wait_for_unit(unit: str, root: str, run: Runner, wait_seconds: float, settle_seconds: float,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> Tuple[Dict[str, str], List[str]]:
+    """Wait (bounded) until the unit is active and its MainPID's RSS has settled.
+
+    Returns the unit's properties and warnings. Fails fast when the unit is not
+    loaded; fails at the deadline when it never became active. An RSS still
+    growing at the deadline is only a warning: the audit then sees a service
+    still loading.
+    """
+    deadline = clock() + wait_seconds
+    settle = _Settle(settle_seconds)
+    while True:
+        props = show_unit(unit, run)
+        if props.get("LoadState") != "loaded":
+            raise NumaError("unit %s is not loaded (LoadState=%s): check the unit name, and run "
+                            "`systemctl daemon-reload` after writing it" % (unit, props.get("LoadState")))
+        main = int(props.get("MainPID") or 0)
+        active = props.get("ActiveState") == "active" and main > 0
+        now = clock()
+        if active and settle.update(main, _rss_kb(root, main), now):
+            return props, []
+        if now >= deadline:
+            if not active:
+                raise NumaError("unit %s is not running after %ss (ActiveState=%s, SubState=%s, Result=%s, "
+                                "MainPID=%s): see `journalctl -u %s`" % (
+                                    unit, wait_seconds, props.get("ActiveState"), props.get("SubState"),
+                                    props.get("Result"), main, unit))
+            return props, ["unit %s: memory of PID %d was still growing after %ss; audited a service that "
+                           "may still be loading (raise wait_seconds)" % (unit, main, wait_seconds)]
+        sleep(POLL_SECONDS)
+
+
+def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0,
+               pages: str = "all", wait_seconds: float = 0, settle_seconds: float = 3.0,
+               run: Optional[Runner] = None, page_size: Optional[int] = None,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
+    """Audit every process of a systemd unit, after waiting for it to be up."""
+    props, warnings = wait_for_unit(unit, root, run or run_command, wait_seconds, settle_seconds, clock, sleep)
+    size = page_size or os.sysconf("SC_PAGE_SIZE")
+    processes = []
+    for pid in unit_pids(root, props):
+        raw = read_process(root, pid, size)
+        if raw is None:
+            warnings.append("PID %d of %s exited while being audited" % (pid, unit))
+            continue
+        processes.append(raw)
+    if not processes:
+        raise NumaError("unit %s has no running process to audit (MainPID=%s): see `journalctl -u %s`"
+                        % (unit, props.get("MainPID"), unit))
+    report = judge(processes, expectation(plan), min_local_percent, pages, size)
+    report["msg"] = "%s: %s" % (unit, report["msg"])
+    report["unit"] = unit
+    report["warnings"] = warnings
+    return report
+
+
+def audit_service(pids: Optional[Sequence[int]] = None, unit: Optional[str] = None,
+                  plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0, pages: str = "all",
+                  root: str = "/", wait_seconds: float = 0) -> Dict[str, Any]:
+    """``numa-pin audit``: a unit (waiting up to wait_seconds) or explicit PIDs, exactly one of them."""
+    if bool(pids) == bool(unit):
+        raise NumaError("audit needs either --unit NAME or --pid PID (one or more), not %s"
+                        % ("both" if unit else "neither"))
+    if unit:
+        return audit_unit(root, unit, plan, min_local_percent, pages, wait_seconds)
+    return audit_pids(root, list(pids or []), plan, min_local_percent, pages)

@@ -1,0 +1,229 @@
+"""Turn a service definition and a Plan into systemd unit settings, safely.
+
+A unit file is parsed by systemd in three passes that each give characters a
+meaning: specifier expansion (``%i``, on the whole line), word splitting with
+C-style unescaping and quotes (``"a b"``, ``\\\\``), and for ``ExecStart=``
+environment expansion at start (``$VAR``, ``${VAR}``). An argument that reaches
+``ExecStart=`` verbatim can therefore change the command line (``%n``, ``$PATH``,
+``;``), so every value written into a unit goes through the functions here.
+Newlines cannot be written at all: the unit format would end the setting there.
+
+Also here: the ``numa-pin exec`` flags for a placement request, the ``{token}``
+substitution the wrapper does at start (done at deploy time in ``pin_mode:
+systemd``), and the ``CPUAffinity=``/``NUMAPolicy=``/``NUMAMask=`` a Plan maps to.
+"""
+
+import re
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .cli import REQUEST_FLAGS  # noqa: F401  (numa-pin exec flags of the wrapper units)
+from .cpulist import format_cpulist, parse_cpulist
+from .errors import NumaError
+from .tokens import TOKENS, substitute_tokens  # noqa: F401  (the role's numa_substitute filter)
+
+# Characters that mean nothing to systemd's parsers in any pass: a word made
+# only of these is written bare, anything else is double-quoted.
+_BARE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./{}-]+$")
+# A leading one of these on the executable is a prefix for systemd ("-" ignores
+# failure, "+" runs with full privileges, ...), not part of the path.
+_EXEC_PREFIXES = "@-:+!|"
+_C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\t": "\\t"}
+_FORBIDDEN = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte"}
+_SETTING_NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# systemd's unit_name_is_valid for the prefix of a template (no "@", max 255 with suffix).
+_UNIT_PREFIX = re.compile(r"^[A-Za-z0-9:_.-]{1,200}$")
+
+# What a Plan means to systemd's own NUMA settings (systemd.exec(5), >= 243).
+SYSTEMD_POLICIES = {"bind": "bind", "preferred": "preferred", "interleave": "interleave"}
+SYSTEMD_NUMA_MIN_VERSION = 243
+# The Plan keys that describe a placement; the rest (free memory, reasons) move
+# between two runs on an idle host and would restart services for nothing.
+PLAN_RECORD_KEYS = ("policy", "mem_nodes", "cpu_nodes", "node", "cpus", "cpulist", "threads", "gpus", "env",
+                    "instance", "instances", "port", "required_bytes", "inputs")
+
+
+def _reject_forbidden(text: str, what: str) -> None:
+    for char, name in _FORBIDDEN.items():
+        if char in text:
+            raise NumaError("%s %r contains %s, which a systemd unit file cannot hold: "
+                            "remove it (pass multi-line data through a file)" % (what, text, name))
+
+
+def _expect_str(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise NumaError("%s %r is a %s, not a string: quote it in YAML" % (what, value, type(value).__name__))
+    return value
+
+
+def escape_specifiers(text: str) -> str:
+    """``%`` -> ``%%`` so systemd does not expand ``%i``, ``%n``, ... inside our values."""
+    return text.replace("%", "%%")
+
+
+def quote_word(arg: str, what: str = "argument") -> str:
+    """One command-line word as systemd reads it back into exactly ``arg``.
+
+    ``$`` is doubled because systemd expands ``$VAR`` in ``ExecStart=`` words,
+    ``%`` because it expands specifiers; a word with anything outside a small safe
+    set is double-quoted with ``\\`` and ``"`` escaped, and control characters
+    other than newlines written as ``\\xNN``.
+    """
+    _reject_forbidden(_expect_str(arg, what), what)
+    text = escape_specifiers(arg).replace("$", "$$")
+    if _BARE_WORD.match(text):
+        return text
+    return '"%s"' % "".join(_escape_char(char) for char in text)
+
+
+def _escape_char(char: str) -> str:
+    if char in _C_ESCAPES:
+        return _C_ESCAPES[char]
+    if ord(char) < 0x20 or ord(char) == 0x7F:
+        return "\\x%02x" % ord(char)
+    return char
+
+
+def exec_args(args: Sequence[str]) -> str:
+    """Arguments (not the executable) for an ``ExecStart=`` line, space separated."""
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise NumaError("command arguments %r are not a list: write the command as a YAML list, "
+                        "one argument per item, never as one shell string" % (args,))
+    return " ".join(quote_word(arg, "argument %d" % (index + 1)) for index, arg in enumerate(args))
+
+
+def exec_line(argv: Sequence[str]) -> str:
+    """A whole ``ExecStart=`` value for ``argv``; ``argv[0]`` is the executable."""
+    if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
+        raise NumaError("command %r is not a non-empty list: write the command as a YAML list, "
+                        "one argument per item, never as one shell string" % (argv,))
+    executable = _expect_str(argv[0], "executable")
+    if not executable or executable[0] in _EXEC_PREFIXES:
+        raise NumaError("executable %r is empty or starts with one of %s, which systemd reads as an "
+                        "ExecStart= prefix: give the path of the program (absolute is best)"
+                        % (executable, _EXEC_PREFIXES))
+    words = [quote_word(executable, "executable")]
+    if len(argv) > 1:
+        words.append(exec_args(argv[1:]))
+    return " ".join(words)
+
+
+def setting_value(value: Any, what: str = "value") -> str:
+    """A single-word unit setting (``User=``, ``Description=`` ...): one line, ``%`` escaped."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise NumaError("%s %r is not a string or number" % (what, value))
+    text = str(value)
+    _reject_forbidden(text, what)
+    if text != text.strip():
+        raise NumaError("%s %r starts or ends with whitespace, which systemd drops: remove it" % (what, text))
+    return escape_specifiers(text)
+
+
+def environment_assignment(name: Any, value: Any) -> str:
+    """``"NAME=value"`` for ``Environment=``: quoted so spaces, quotes and ``\\`` survive."""
+    key = _expect_str(name, "environment variable name")
+    if not _ENV_NAME.match(key):
+        raise NumaError("environment variable name %r is not a valid name: use letters, digits and _, "
+                        "not starting with a digit" % (key,))
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise NumaError("environment variable %s has the value %r: give a string" % (key, value))
+    text = str(value)
+    _reject_forbidden(text, "environment variable %s" % key)
+    # Environment= unquotes like ExecStart= but never expands "$", so only "%" is doubled.
+    body = escape_specifiers("%s=%s" % (key, text))
+    return '"%s"' % "".join(_escape_char(char) for char in body)
+
+
+def environment_lines(env: Optional[Mapping[str, Any]]) -> List[str]:
+    """Sorted ``Environment=`` values for a mapping (sorted so the unit is stable)."""
+    if env is None:
+        return []
+    if not isinstance(env, Mapping):
+        raise NumaError("environment %r is not a mapping of NAME: value" % (env,))
+    return [environment_assignment(key, env[key]) for key in sorted(env)]
+
+
+def path_value(path: Any, what: str = "path") -> str:
+    """An absolute path for a path-list setting (``ReadWritePaths=``, ``WorkingDirectory=``)."""
+    text = _expect_str(path, what)
+    _reject_forbidden(text, what)
+    if not text.startswith("/") or re.search(r'[\s"\'\\]', text):
+        raise NumaError("%s %r must be an absolute path without whitespace, quotes or backslashes" % (what, text))
+    return escape_specifiers(text)
+
+
+def setting_name(name: Any) -> str:
+    """A unit setting name for extra settings (``LimitMEMLOCK``); returns it unchanged."""
+    text = _expect_str(name, "setting name")
+    if not _SETTING_NAME.match(text):
+        raise NumaError("%r is not a systemd setting name: write it like LimitMEMLOCK or ProtectHome" % (text,))
+    return text
+
+
+def unit_prefix(name: Any) -> str:
+    """Check a service name usable as ``<name>@.service``; returns it unchanged."""
+    text = _expect_str(name, "service name")
+    if not _UNIT_PREFIX.match(text):
+        raise NumaError("service name %r cannot name a systemd template unit: use letters, digits, "
+                        "':', '_', '.', '-' (no '@', no spaces)" % (text,))
+    return text
+
+
+def request_flags(request: Mapping[str, Any]) -> List[str]:
+    """``numa-pin exec`` flags for a placement request (keys as REQUEST_FLAGS, None = unset)."""
+    unknown = sorted(set(request) - set(REQUEST_FLAGS))
+    if unknown:
+        raise NumaError("unknown placement option(s) %s: known are %s" % (", ".join(unknown), ", ".join(REQUEST_FLAGS)))
+    flags = []  # type: List[str]
+    for key in REQUEST_FLAGS:
+        value = request.get(key)
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+        else:
+            flags.extend([flag, str(value)])
+    return flags
+
+
+def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
+    """The stable part of a Plan, written next to the unit and compared between runs."""
+    return dict((key, plan[key]) for key in PLAN_RECORD_KEYS if key in plan)
+
+
+def parse_systemd_version(text: str) -> int:
+    """``systemctl --version`` output -> 252 (first line ``systemd 252 (252.39-1~deb12u2)``)."""
+    match = re.match(r"^\s*systemd\s+(\d+)", text or "")
+    if not match:
+        raise NumaError("cannot read the systemd version from %r: is systemd the init system of this host?"
+                        % ((text or "").splitlines()[:1],))
+    return int(match.group(1))
+
+
+def numa_settings(plan: Mapping[str, Any], systemd_version: int) -> List[Tuple[str, str]]:
+    """``[("CPUAffinity", "2-3"), ("NUMAPolicy", "bind"), ("NUMAMask", "1")]`` for a Plan.
+
+    Raises NumaError when systemd cannot express the plan, naming the fix
+    (``pin_mode: wrapper`` applies every policy the planner can choose).
+    """
+    if systemd_version < SYSTEMD_NUMA_MIN_VERSION:
+        raise NumaError("pin_mode systemd needs systemd >= %d for NUMAPolicy=/NUMAMask= but this host has "
+                        "systemd %d: use pin_mode wrapper" % (SYSTEMD_NUMA_MIN_VERSION, systemd_version))
+    policy = plan.get("policy")
+    if policy not in SYSTEMD_POLICIES:
+        raise NumaError("the plan's memory policy %r has no systemd NUMAPolicy= equivalent: use pin_mode wrapper"
+                        % (policy,))
+    mem_nodes = [int(node) for node in plan.get("mem_nodes") or []]
+    if not mem_nodes:
+        raise NumaError("the plan names no memory node; systemd would not bind memory: check the plan "
+                        "with `numa-pin explain`")
+    if policy == "preferred" and len(mem_nodes) > 1:
+        raise NumaError("the plan prefers several nodes %s, which systemd's NUMAPolicy=preferred cannot "
+                        "express: use pin_mode wrapper" % format_cpulist(mem_nodes))
+    cpulist = plan.get("cpulist") or format_cpulist(plan.get("cpus") or [])
+    if not parse_cpulist(cpulist):
+        raise NumaError("the plan has no CPUs to pin to: check the plan with `numa-pin explain`")
+    return [("CPUAffinity", cpulist),
+            ("NUMAPolicy", SYSTEMD_POLICIES[policy]),
+            ("NUMAMask", format_cpulist(mem_nodes))]

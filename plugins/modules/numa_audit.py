@@ -1,0 +1,316 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: numa_audit
+short_description: Check where a running service's memory and threads really are
+version_added: "0.1.0"
+description:
+  - Reads C(/proc/<pid>/numa_maps) (resident pages per NUMA node, with anonymous memory, file-backed data and
+    program code apart) and C(/proc/<pid>/task/<tid>/status) (C(Cpus_allowed_list), C(Mems_allowed_list)) of every thread of the given
+    processes, or of every process in a systemd unit's cgroup.
+  - Compares them with the placement plan (from M(inferops.numa.numa_plan) or the plan file the
+    C(inferops.numa.inference_service) role writes) and fails, with the numbers, when a service with a C(bind)
+    plan has less than O(min_local_percent) of its memory on the plan's nodes, or when a thread may run on a
+    CPU outside the plan's CPUs.
+  - For a unit it first waits (at most O(wait_seconds)) until the unit is active and the resident memory of its
+    main process stopped growing, so a model still loading is not judged half-loaded.
+  - Never changes anything.
+author:
+  - inferops.numa contributors (@inferops)
+options:
+  unit:
+    description:
+      - A systemd unit, for example C(llama@1.service). Every process of its cgroup is audited.
+      - Mutually exclusive with O(pids).
+    type: str
+  pids:
+    description:
+      - Process IDs to audit. Mutually exclusive with O(unit).
+    type: list
+    elements: int
+  plan:
+    description:
+      - The plan to compare with, as returned by M(inferops.numa.numa_plan) (keys C(policy), C(mem_nodes), and
+        C(cpus) or C(cpulist)).
+      - Without O(plan) and O(plan_file) the module only reports; nothing can fail.
+    type: dict
+  plan_file:
+    description:
+      - A JSON file holding the plan, such as C(/etc/inferops-numa/llama@1.plan.json) written by the
+        C(inferops.numa.inference_service) role. Read on the managed host.
+    type: path
+  min_local_percent:
+    description:
+      - Lowest acceptable share of resident memory on the plan's C(mem_nodes), in percent, for a C(bind) plan.
+      - Reported but not enforced for C(preferred) and interleave plans.
+    type: float
+    default: 99
+  pages:
+    description:
+      - Which resident pages the local share counts. V(all) is anonymous plus file-backed data; V(file) is mostly
+        page cache, such as an mmap-ed model, which stays on the node that first read it.
+      - Program and library code is never counted (see notes), only reported.
+    type: str
+    choices: [all, anon, file]
+    default: all
+  wait_seconds:
+    description:
+      - With O(unit), how long to wait for the unit to be active and its memory to settle. V(0) looks once.
+    type: int
+    default: 60
+  settle_seconds:
+    description:
+      - With O(unit), how long the main process's resident memory must stay within 1% before the audit reads it.
+    type: float
+    default: 3
+  root:
+    description:
+      - Filesystem prefix under which C(proc/) and C(sys/fs/cgroup/) are read. For tests and captured trees;
+        C(systemctl) still asks the running systemd.
+    type: path
+    default: /
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+notes:
+  - C(Mems_allowed_list) follows cpusets, not the memory policy, so memory placement is judged from
+    C(numa_maps) only.
+  - Pages counted as C(anon) are those of mappings without a file and of mappings whose resident pages are all
+    anonymous; file-backed mappings that are executable in C(/proc/<pid>/maps) count as C(code); the rest count as
+    C(file).
+  - C(code) is left out of the local share because one copy of a program's text serves every process on the host;
+    a second instance of the same server necessarily runs code cached on the first one's node.
+  - Shared libraries' read-only data (and C(locale-archive)) count as C(file) and are shared the same way, a few MiB
+    that only matter for a service whose own memory is small. Use O(pages=anon) for such a service.
+  - Reading another user's C(numa_maps) needs root, so run it with C(become=true).
+seealso:
+  - module: inferops.numa.numa_plan
+"""
+
+EXAMPLES = r"""
+- name: Audit instance 1 of the llama service against the plan the role wrote
+  inferops.numa.numa_audit:
+    unit: llama@1.service
+    plan_file: /etc/inferops-numa/llama@1.plan.json
+    wait_seconds: 300
+
+- name: Report where a process's memory is, without judging it
+  inferops.numa.numa_audit:
+    pids: [4242]
+  register: where
+
+- name: Accept remote page cache, but require the process's own memory local
+  inferops.numa.numa_audit:
+    pids: [4242]
+    plan:
+      policy: bind
+      mem_nodes: [1]
+      cpulist: 28-55,84-111
+    pages: anon
+"""
+
+RETURN = r"""
+ok:
+  description: Whether the audit passed (always true without a plan).
+  returned: always
+  type: bool
+  sample: true
+msg:
+  description: One line with the numbers, and every problem found.
+  returned: always
+  type: str
+  sample: "llama@1.service: PID(s) 4242: 14.2 GiB resident, 99.98% of anon + file on node(s) 1 (anon 100.00%,
+    file 99.97%; code 3.10%, not counted)"
+unit:
+  description: The audited unit.
+  returned: when O(unit) is given
+  type: str
+processes:
+  description: One entry per audited process.
+  returned: always
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process ID.
+      type: int
+    name:
+      description: Process name (C(Name:) of its status).
+      type: str
+    cpus_allowed:
+      description: C(Cpus_allowed_list) of the main thread.
+      type: str
+    mems_allowed:
+      description: C(Mems_allowed_list) of the main thread (cpuset, not memory policy).
+      type: str
+    thread_count:
+      description: Number of threads read.
+      type: int
+    threads_outside:
+      description: Threads allowed or last seen on a CPU outside the plan, with tid, name, cpus_allowed,
+        mems_allowed and last_cpu.
+      type: list
+      elements: dict
+    policies:
+      description: Resident bytes per memory policy as numa_maps prints it (C(bind:1), C(default) ...).
+      type: dict
+    nodes:
+      description: Per node id, C(anon_bytes), C(file_bytes), C(code_bytes), C(anon_pages), C(file_pages),
+        C(code_pages) (pages in the base page size; a hugetlb page counts as many base pages).
+      type: dict
+    resident_bytes:
+      description: Resident bytes seen in numa_maps.
+      type: int
+    local_percent:
+      description: Share of the selected pages on the plan's memory nodes (with a plan).
+      type: float
+    anon_local_percent:
+      description: Same for anonymous pages only (with a plan).
+      type: float
+    file_local_percent:
+      description: Same for file-backed data pages only (with a plan).
+      type: float
+    code_local_percent:
+      description: Same for program and library code (with a plan; never enforced).
+      type: float
+nodes:
+  description: Totals over all processes, per node id, with the keys of C(processes[].nodes).
+  returned: always
+  type: dict
+  sample: {"0": {"anon_bytes": 0, "file_bytes": 8192, "code_bytes": 0, "anon_pages": 0, "file_pages": 2,
+                 "code_pages": 0},
+           "1": {"anon_bytes": 4096000, "file_bytes": 34631680, "code_bytes": 491520, "anon_pages": 1000,
+                 "file_pages": 8455, "code_pages": 120}}
+resident_bytes:
+  description: Total resident bytes of all processes.
+  returned: always
+  type: int
+local_percent:
+  description: Share of the selected pages (O(pages)) on the plan's memory nodes; null without a plan or memory.
+    This is the number O(min_local_percent) is compared with.
+  returned: always
+  type: float
+  sample: 99.98
+remote_percent:
+  description: 100 - local_percent.
+  returned: always
+  type: float
+anon_local_percent:
+  description: Local share of anonymous pages.
+  returned: always
+  type: float
+file_local_percent:
+  description: Local share of file-backed data pages.
+  returned: always
+  type: float
+code_local_percent:
+  description: Local share of program and library code (reported, never enforced).
+  returned: always
+  type: float
+interleave_percent:
+  description: For interleave plans, the share of each node of the interleave set in the memory on that set.
+  returned: always
+  type: dict
+  sample: {"0": 50.1, "1": 49.9}
+expected_mem_nodes:
+  description: The plan's memory nodes.
+  returned: always
+  type: list
+  elements: int
+  sample: [1]
+expected_cpus:
+  description: The plan's CPUs as a list string.
+  returned: always
+  type: str
+  sample: 28-55,84-111
+policy:
+  description: The plan's memory policy.
+  returned: always
+  type: str
+  sample: bind
+pages:
+  description: The O(pages) selection used for local_percent.
+  returned: always
+  type: str
+min_local_percent:
+  description: The threshold used.
+  returned: always
+  type: float
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import audit_pids, audit_unit
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+
+
+def _load_plan(module: AnsibleModule):
+    if module.params["plan"] is not None:
+        return module.params["plan"]
+    path = module.params["plan_file"]
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise NumaError("plan file %s does not exist: deploy the service with the inference_service role "
+                        "first, or pass plan" % path)
+    except (OSError, ValueError) as exc:
+        raise NumaError("cannot read plan file %s: %s" % (path, exc))
+
+
+def _run(module: AnsibleModule):
+    def run(argv):
+        return module.run_command(argv)
+    return run
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={
+            "unit": {"type": "str"},
+            "pids": {"type": "list", "elements": "int"},
+            "plan": {"type": "dict"},
+            "plan_file": {"type": "path"},
+            "min_local_percent": {"type": "float", "default": 99.0},
+            "pages": {"type": "str", "choices": ["all", "anon", "file"], "default": "all"},
+            "wait_seconds": {"type": "int", "default": 60},
+            "settle_seconds": {"type": "float", "default": 3.0},
+            "root": {"type": "path", "default": "/"},
+        },
+        mutually_exclusive=[("unit", "pids"), ("plan", "plan_file")],
+        required_one_of=[("unit", "pids")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        plan = _load_plan(module)
+        if params["unit"]:
+            report = audit_unit(params["root"], params["unit"], plan, params["min_local_percent"], params["pages"],
+                                params["wait_seconds"], params["settle_seconds"], run=_run(module))
+        else:
+            report = audit_pids(params["root"], params["pids"], plan, params["min_local_percent"], params["pages"])
+    except NumaError as exc:
+        module.fail_json(msg=str(exc))
+    for warning in report.pop("warnings", []):
+        module.warn(warning)
+    if not report["ok"]:
+        module.fail_json(**report)
+    module.exit_json(changed=False, **report)
+
+
+if __name__ == "__main__":
+    main()

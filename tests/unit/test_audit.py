@@ -1,0 +1,426 @@
+"""numa_audit: numa_maps parsing, fake /proc trees, unit lookup and waiting, the module, and this process."""
+
+import json
+import os
+
+import pytest
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import audit
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.modules import numa_audit
+
+PAGE = 4096
+MIB = 1024 * 1024
+
+# Captured-looking numa_maps of a llama-server bound to node 1 whose model file
+# was first read by the node-0 instance (the page-cache trap).
+TRAPPED_MAPS = """\
+55d4c1a00000 bind:1 file=/opt/llama/bin/llama-server mapped=120 mapmax=2 N1=120 kernelpagesize_kB=4
+55d4c1b78000 bind:1 file=/opt/llama/bin/llama-server anon=3 dirty=3 mapped=10 N1=10 kernelpagesize_kB=4
+55d4c3c2e000 bind:1 heap anon=2048 dirty=2048 active=0 N1=2048 kernelpagesize_kB=4
+7f3a10000000 bind:1 anon=65536 dirty=65536 active=0 N1=65536 kernelpagesize_kB=4
+7f3a20000000 bind:1 file=/models/m.gguf mapped=8455 mapmax=2 N0=8455 kernelpagesize_kB=4
+7f3a30000000 bind:1 file=/anon_hugepage\\040(deleted) huge anon=4 dirty=4 N1=4 kernelpagesize_kB=2048
+7f3a40000000 bind:1
+7f3a50000000 bind:1 file=/usr/lib/x86_64-linux-gnu/libc.so.6
+7ffc8a1e0000 bind:1 stack anon=33 dirty=33 N1=33 kernelpagesize_kB=4
+"""
+
+
+# /proc/<pid>/maps of the same process: only the program text is executable.
+TRAPPED_EXEC = "55d4c1a00000-55d4c1b78000 r-xp 00000000 08:01 1234 /opt/llama/bin/llama-server\n"
+TRAPPED_MAPS_TEXT = TRAPPED_EXEC + (
+    "55d4c1b78000-55d4c1b82000 rw-p 00178000 08:01 1234 /opt/llama/bin/llama-server\n"
+    "7f3a20000000-7f3a22105000 r--s 00000000 08:01 99 /models/m.gguf\n")
+
+
+def stat_line(tid, name, cpu):
+    # Fields 3.. of /proc/<pid>/stat: state, then 35 numbers up to "processor" (field 39), then a few more.
+    rest = ["S"] + ["0"] * 35 + [str(cpu)] + ["0"] * 13
+    return "%d (%s) %s\n" % (tid, name, " ".join(rest))
+
+
+def write_process(root, pid, maps, threads, name="llama-server", rss_kb=1000, maps_text=TRAPPED_MAPS_TEXT):
+    """threads: [(tid, cpus_allowed_list, last_cpu)]; maps: numa_maps text; maps_text: maps text."""
+    base = os.path.join(str(root), "proc", str(pid))
+    os.makedirs(base, exist_ok=True)
+    first = threads[0][1]
+    with open(os.path.join(base, "status"), "w") as handle:
+        handle.write("Name:\t%s\nPid:\t%d\nVmRSS:\t   %d kB\nCpus_allowed_list:\t%s\nMems_allowed_list:\t0-1\n"
+                     % (name, pid, rss_kb, first))
+    with open(os.path.join(base, "numa_maps"), "w") as handle:
+        handle.write(maps)
+    with open(os.path.join(base, "maps"), "w") as handle:
+        handle.write(maps_text)
+    for tid, cpus, cpu in threads:
+        task = os.path.join(base, "task", str(tid))
+        os.makedirs(task, exist_ok=True)
+        with open(os.path.join(task, "status"), "w") as handle:
+            handle.write("Name:\t%s\nCpus_allowed_list:\t%s\nMems_allowed_list:\t0-1\n" % (name, cpus))
+        with open(os.path.join(task, "stat"), "w") as handle:
+            handle.write(stat_line(tid, name, cpu))
+
+
+BIND1 = {"policy": "bind", "mem_nodes": [1], "cpulist": "2-3"}
+
+
+# --- numa_maps lines ----------------------------------------------------------------------------
+
+def test_anonymous_bound_line():
+    line = audit.parse_numa_maps_line(
+        "7f3a10000000 bind:1 anon=2048 dirty=2048 active=0 N1=2048 kernelpagesize_kB=4")
+    assert line == audit.MapsLine("bind:1", "anon", 4096, {1: 2048})
+
+
+def test_file_line_counts_as_file():
+    line = audit.parse_numa_maps_line("7f3a2 bind:1 file=/models/m.gguf mapped=8455 N0=8455 kernelpagesize_kB=4")
+    assert line.kind == "file"
+    assert line.pages == {0: 8455}
+
+
+def test_hugetlb_pages_are_counted_in_their_own_size():
+    line = audit.parse_numa_maps_line(
+        "7f3a3 default file=/anon_hugepage\\040(deleted) huge anon=4 dirty=4 N0=3 N1=1 kernelpagesize_kB=2048")
+    assert line.kind == "anon"  # every resident page is anonymous
+    assert line.page_bytes == 2 * MIB
+    assert audit.node_bytes([line]) == {0: {"anon": 6 * MIB, "file": 0, "code": 0},
+                                        1: {"anon": 2 * MIB, "file": 0, "code": 0}}
+
+
+def test_heap_and_stack_are_anonymous():
+    heap = audit.parse_numa_maps_line("55d4 default heap anon=7 dirty=7 N0=7 kernelpagesize_kB=4")
+    stack = audit.parse_numa_maps_line("7ffc default stack anon=3 dirty=3 N0=3 kernelpagesize_kB=4")
+    assert (heap.kind, heap.policy, stack.kind) == ("anon", "default", "anon")
+
+
+def test_line_without_resident_pages_is_skipped():
+    assert audit.parse_numa_maps_line("7f3a4 bind:1") is None
+    assert audit.parse_numa_maps_line("7f3a5 default file=/usr/lib/libc.so.6") is None
+    assert audit.parse_numa_maps_line("") is None
+
+
+def test_private_file_mapping_with_some_cow_pages_stays_file():
+    line = audit.parse_numa_maps_line("55d4 default file=/bin/x anon=3 dirty=3 mapped=10 N1=10 kernelpagesize_kB=4")
+    assert line.kind == "file"
+
+
+def test_policy_with_spaces_and_flags_is_kept_whole():
+    many = audit.parse_numa_maps_line("7f00 prefer (many):0-1 anon=5 dirty=5 N0=5 kernelpagesize_kB=4")
+    weighted = audit.parse_numa_maps_line("7f01 weighted interleave:0-1 anon=4 N0=2 N1=2 kernelpagesize_kB=4")
+    static = audit.parse_numa_maps_line("7f02 bind=static:1 anon=1 N1=1 kernelpagesize_kB=4")
+    assert (many.policy, weighted.policy, static.policy) == (
+        "prefer (many):0-1", "weighted interleave:0-1", "bind=static:1")
+
+
+def test_resident_line_without_page_size_is_an_error():
+    with pytest.raises(NumaError, match="kernelpagesize_kB"):
+        audit.parse_numa_maps_line("7f00 default anon=1 N0=1")
+
+
+def test_executable_file_mappings_are_code():
+    starts = audit.executable_starts(TRAPPED_MAPS_TEXT)
+    assert starts == {0x55d4c1a00000}
+    text = audit.parse_numa_maps_line(TRAPPED_MAPS.splitlines()[0], starts)
+    data = audit.parse_numa_maps_line(TRAPPED_MAPS.splitlines()[1], starts)
+    jit = audit.parse_numa_maps_line("55d4c1a00000 default anon=3 N0=3 kernelpagesize_kB=4", starts)
+    assert (text.kind, data.kind, jit.kind) == ("code", "file", "anon")
+
+
+def test_whole_trapped_file_sums_per_node_and_kind():
+    lines = audit.parse_numa_maps(TRAPPED_MAPS, audit.executable_starts(TRAPPED_MAPS_TEXT))
+    assert len(lines) == 7
+    assert audit.node_bytes(lines) == {
+        0: {"anon": 0, "file": 8455 * PAGE, "code": 0},
+        1: {"anon": (2048 + 65536 + 33) * PAGE + 4 * 2 * MIB, "file": 10 * PAGE, "code": 120 * PAGE},
+    }
+    assert audit.policy_bytes(lines) == {"bind:1": (120 + 10 + 2048 + 65536 + 8455 + 33) * PAGE + 8 * MIB}
+
+
+def test_last_cpu_survives_a_name_with_spaces_and_parens():
+    assert audit.last_cpu(stat_line(7, "llama (srv) x", 5)) == 5
+    assert audit.last_cpu("garbage") is None
+
+
+# --- judging a fake /proc tree -----------------------------------------------------------------
+
+def test_page_cache_trap_fails_with_the_numbers(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2), (4243, "2-3", 3)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, page_size=PAGE)
+    anon = (2048 + 65536 + 33) * PAGE + 8 * MIB
+    local = anon + 10 * PAGE
+    expected = round(100.0 * local / (local + 8455 * PAGE), 2)
+    assert report["ok"] is False
+    assert report["local_percent"] == expected
+    assert report["remote_percent"] == round(100 - expected, 2)
+    assert report["anon_local_percent"] == 100.0
+    assert report["file_local_percent"] == round(100.0 * 10 / (10 + 8455), 2)
+    assert report["code_local_percent"] == 100.0
+    assert report["nodes"]["0"] == {"anon_bytes": 0, "file_bytes": 8455 * PAGE, "code_bytes": 0,
+                                    "anon_pages": 0, "file_pages": 8455, "code_pages": 0}
+    assert report["nodes"]["1"]["anon_pages"] == (2048 + 65536 + 33) + 4 * 512
+    assert report["resident_bytes"] == local + 120 * PAGE + 8455 * PAGE
+    assert "%.2f%% of anon + file on node(s) 1" % expected in report["msg"]
+    assert "33.03 MiB on node 0 (anon 0 B, file 33.03 MiB)" in report["msg"]  # 8455 pages
+    assert "below min_local_percent 99" in report["msg"]
+
+
+def test_shared_program_text_on_another_node_does_not_fail_the_instance(tmp_path):
+    # The second instance maps the binary the first one loaded on node 0.
+    maps = ("55d4c1a00000 bind:1 file=/opt/llama/bin/llama-server mapped=5000 mapmax=2 N0=5000 kernelpagesize_kB=4\n"
+            "7f3a10000000 bind:1 anon=65536 dirty=65536 N1=65536 kernelpagesize_kB=4\n")
+    write_process(tmp_path, 4242, maps, [(4242, "2-3", 2)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, page_size=PAGE)
+    assert report["ok"] is True
+    assert report["local_percent"] == 100.0
+    assert report["code_local_percent"] == 0.0
+    assert report["nodes"]["0"]["code_pages"] == 5000
+    assert "code 0.00%, not counted" in report["msg"]
+    assert report["processes"][0]["threads_outside"] == []
+
+
+def test_anon_only_selection_accepts_remote_page_cache(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, pages="anon", page_size=PAGE)
+    assert report["ok"] is True
+    assert report["local_percent"] == 100.0
+
+
+def test_threshold_is_configurable(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    assert audit.audit_pids(str(tmp_path), [4242], BIND1, min_local_percent=50, page_size=PAGE)["ok"] is True
+
+
+def test_thread_allowed_outside_its_cpus_fails(tmp_path):
+    maps = "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n"
+    write_process(tmp_path, 4242, maps, [(4242, "2-3", 2), (4250, "0-3", 3), (4251, "2-3", 0)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, page_size=PAGE)
+    outside = report["processes"][0]["threads_outside"]
+    assert [t["tid"] for t in outside] == [4250, 4251]  # mask too wide; last ran on CPU 0
+    assert report["ok"] is False
+    assert "thread 4250 (llama-server) may run on CPUs 0-3" in report["msg"]
+    assert "last on CPU 0" in report["msg"]
+
+
+def test_preferred_plan_reports_without_failing(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    report = audit.audit_pids(str(tmp_path), [4242], dict(BIND1, policy="preferred"), page_size=PAGE)
+    assert report["ok"] is True
+    assert report["local_percent"] < 99
+
+
+def test_interleave_reports_the_spread_over_its_set(tmp_path):
+    maps = "7f00 interleave:0-1 anon=400 N0=300 N1=100 kernelpagesize_kB=4\n"
+    write_process(tmp_path, 9, maps, [(9, "0-3", 1)])
+    plan = {"policy": "interleave", "mem_nodes": [0, 1], "cpus": [0, 1, 2, 3]}
+    report = audit.audit_pids(str(tmp_path), [9], plan, page_size=PAGE)
+    assert report["interleave_percent"] == {"0": 75.0, "1": 25.0}
+    assert report["local_percent"] == 100.0
+    assert "node 0 75.00%" in report["msg"]
+
+
+def test_without_a_plan_it_only_reports(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "0-3", 0)])
+    report = audit.audit_pids(str(tmp_path), [4242], None, page_size=PAGE)
+    assert report["ok"] is True
+    assert report["local_percent"] is None
+    assert report["expected_mem_nodes"] is None
+    assert report["resident_bytes"] == sum(
+        n["anon_bytes"] + n["file_bytes"] + n["code_bytes"] for n in report["nodes"].values())
+
+
+def test_several_processes_add_up(tmp_path):
+    write_process(tmp_path, 10, "7f00 bind:1 anon=100 N1=100 kernelpagesize_kB=4\n", [(10, "2-3", 2)])
+    write_process(tmp_path, 11, "7f00 bind:1 anon=5 N0=5 kernelpagesize_kB=4\n", [(11, "2-3", 3)])
+    report = audit.audit_pids(str(tmp_path), [10, 11], BIND1, page_size=PAGE)
+    assert report["local_percent"] == round(100 * 100 / 105, 2)
+    assert [p["local_percent"] for p in report["processes"]] == [100.0, 0.0]
+    assert report["ok"] is False
+
+
+def test_missing_pid_is_an_error(tmp_path):
+    with pytest.raises(NumaError, match="no process 77"):
+        audit.audit_pids(str(tmp_path), [77], BIND1)
+
+
+def test_plan_with_cpu_list_or_cpus():
+    assert audit.expectation({"policy": "bind", "mem_nodes": [1], "cpulist": "2-3,8"}).cpus == [2, 3, 8]
+    assert audit.expectation({"policy": "bind", "mem_nodes": ["1"], "cpus": [3, 2]}) == audit.Expectation(
+        "bind", [1], [2, 3])
+    with pytest.raises(NumaError, match="not a mapping"):
+        audit.expectation("bind:1")
+
+
+# --- a systemd unit --------------------------------------------------------------------------------
+
+class FakeSystemd:
+    """Answers `systemctl show` from a list of property snapshots, one per call (the last repeats)."""
+
+    def __init__(self, *snapshots):
+        self.snapshots = list(snapshots)
+        self.calls = []
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        props = self.snapshots.pop(0) if len(self.snapshots) > 1 else self.snapshots[0]
+        return 0, "".join("%s=%s\n" % item for item in props.items()), ""
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def props(state="active", pid=4242, load="loaded"):
+    return {"LoadState": load, "ActiveState": state, "SubState": "running" if state == "active" else "start",
+            "Result": "success", "MainPID": str(pid), "ControlGroup": "/system.slice/system-llama.slice/llama@1.service"}
+
+
+def write_cgroup(root, pids_by_dir):
+    base = os.path.join(str(root), "sys", "fs", "cgroup", "system.slice", "system-llama.slice", "llama@1.service")
+    for sub, pids in pids_by_dir.items():
+        directory = os.path.join(base, sub)
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "cgroup.procs"), "w") as handle:
+            handle.write("".join("%d\n" % pid for pid in pids))
+
+
+def test_unit_pids_come_from_the_cgroup_and_its_children(tmp_path):
+    write_cgroup(tmp_path, {"": [4242], "worker": [4300, 4301]})
+    assert audit.unit_pids(str(tmp_path), props()) == [4242, 4300, 4301]
+
+
+def test_unit_pids_fall_back_to_main_pid(tmp_path):
+    assert audit.unit_pids(str(tmp_path), props(pid=55)) == [55]
+    assert audit.unit_pids(str(tmp_path), props(pid=0)) == []
+
+
+def test_unit_audit_waits_for_active_and_settled_memory(tmp_path):
+    write_cgroup(tmp_path, {"": [4242]})
+    write_process(tmp_path, 4242, "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n", [(4242, "2-3", 2)])
+    clock = FakeClock()
+    systemd = FakeSystemd(props("activating", 0), props("activating", 0), props())
+    report = audit.audit_unit(str(tmp_path), "llama@1.service", BIND1, wait_seconds=60, settle_seconds=3,
+                              run=systemd, page_size=PAGE, clock=clock, sleep=clock.sleep)
+    assert report["ok"] is True
+    assert report["unit"] == "llama@1.service"
+    assert report["msg"].startswith("llama@1.service: PID(s) 4242:")
+    # two polls while activating, then RSS must hold still for 3 s of 1 s polls
+    assert 5 <= clock.now <= 7
+    assert systemd.calls[0][:2] == ["systemctl", "show"]
+    assert systemd.calls[0][-1] == "llama@1.service"
+
+
+def test_growing_memory_is_waited_for_then_audited_with_a_warning(tmp_path, monkeypatch):
+    write_cgroup(tmp_path, {"": [4242]})
+    write_process(tmp_path, 4242, "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n", [(4242, "2-3", 2)])
+    clock = FakeClock()
+    monkeypatch.setattr(audit, "_rss_kb", lambda root, pid: int(1000 + 100 * clock.now))
+    report = audit.audit_unit(str(tmp_path), "llama@1.service", BIND1, wait_seconds=10, settle_seconds=3,
+                              run=FakeSystemd(props()), page_size=PAGE, clock=clock, sleep=clock.sleep)
+    assert clock.now == 10
+    assert report["warnings"] == ["unit llama@1.service: memory of PID 4242 was still growing after 10s; "
+                                  "audited a service that may still be loading (raise wait_seconds)"]
+
+
+def test_unit_that_never_starts_fails_at_the_deadline_with_its_state(tmp_path):
+    clock = FakeClock()
+    with pytest.raises(NumaError) as caught:
+        audit.audit_unit(str(tmp_path), "llama@1.service", BIND1, wait_seconds=5, run=FakeSystemd(
+            dict(props("failed", 0), SubState="failed", Result="exit-code")), clock=clock, sleep=clock.sleep)
+    assert clock.now == 5
+    message = str(caught.value)
+    assert "ActiveState=failed, SubState=failed, Result=exit-code" in message
+    assert "journalctl -u llama@1.service" in message
+
+
+def test_unknown_unit_fails_at_once(tmp_path):
+    clock = FakeClock()
+    with pytest.raises(NumaError, match="not loaded .LoadState=not-found."):
+        audit.audit_unit(str(tmp_path), "nope@1.service", None, wait_seconds=60,
+                         run=FakeSystemd(props(load="not-found")), clock=clock, sleep=clock.sleep)
+    assert clock.now == 0
+
+
+def test_failing_systemctl_is_reported():
+    with pytest.raises(NumaError, match=r"failed \(rc 1\): Failed to connect to bus"):
+        audit.show_unit("x.service", lambda argv: (1, "", "Failed to connect to bus\n"))
+
+
+# --- the module --------------------------------------------------------------------------------------
+
+def run_module(args, capsys):
+    with patch_module_args(args):
+        with pytest.raises(SystemExit):
+            numa_audit.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_module_fails_with_the_whole_report(tmp_path, capsys):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    plan_file = tmp_path / "llama@1.plan.json"
+    plan_file.write_text(json.dumps(BIND1))
+    result = run_module({"pids": [4242], "plan_file": str(plan_file), "root": str(tmp_path)}, capsys)
+    assert result["failed"] is True
+    assert "below min_local_percent 99" in result["msg"]
+    assert result["nodes"]["0"]["file_pages"] == 8455 * PAGE // os.sysconf("SC_PAGE_SIZE")
+    assert result["expected_mem_nodes"] == [1]
+
+
+def test_module_passes_and_changes_nothing(tmp_path, capsys):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    result = run_module({"pids": [4242], "plan": BIND1, "pages": "anon", "root": str(tmp_path),
+                         "_ansible_check_mode": True}, capsys)
+    assert result.get("failed") is not True
+    assert result["changed"] is False
+    assert result["ok"] is True
+
+
+def test_module_names_a_missing_plan_file(tmp_path, capsys):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    result = run_module({"pids": [4242], "plan_file": str(tmp_path / "absent.json"), "root": str(tmp_path)}, capsys)
+    assert result["failed"] is True
+    assert "does not exist: deploy the service with the inference_service role" in result["msg"]
+
+
+def test_module_wants_unit_or_pids(capsys):
+    result = run_module({"unit": "x.service", "pids": [1]}, capsys)
+    assert "mutually exclusive" in result["msg"]
+
+
+# --- the real thing: this very process on this host ----------------------------------------------
+
+def test_auditing_this_process_on_this_host():
+    node_dir = "/sys/devices/system/node"
+    nodes = [n for n in os.listdir(node_dir) if n.startswith("node")] if os.path.isdir(node_dir) else ["node0"]
+    if nodes != ["node0"]:
+        pytest.skip("this check expects a one-node host")
+    cpus = sorted(os.sched_getaffinity(0))
+    report = audit.audit_pids("/", [os.getpid()], {"policy": "bind", "mem_nodes": [0], "cpus": cpus})
+    assert report["ok"] is True, report["msg"]
+    assert report["local_percent"] == 100.0
+    process = report["processes"][0]
+    assert process["thread_count"] >= 1
+    assert set(process["nodes"]) == {"0"}
+    assert process["nodes"]["0"]["anon_bytes"] > 0 and process["nodes"]["0"]["file_bytes"] > 0
+    # numa_maps and the kernel's own RSS accounting agree (allocations in between aside)
+    with open("/proc/self/smaps_rollup") as handle:
+        rss = dict(line.split(":", 1) for line in handle if line.startswith("Rss"))
+    rss_bytes = int(rss["Rss"].split()[0]) * 1024
+    assert abs(report["resident_bytes"] - rss_bytes) < 0.1 * rss_bytes
+
+
+def test_cli_entry_point_takes_pids_or_a_unit(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    report = audit.audit_service(pids=[4242], plan=BIND1, root=str(tmp_path))
+    assert report["ok"] is False and report["expected_mem_nodes"] == [1]
+    with pytest.raises(NumaError, match="not both"):
+        audit.audit_service(pids=[1], unit="x.service")
+    with pytest.raises(NumaError, match="not neither"):
+        audit.audit_service()

@@ -1,0 +1,495 @@
+"""The inference_service unit templates, rendered by Ansible itself, read back like systemd reads them.
+
+Templates are rendered once per session by a real ``ansible-playbook`` run of
+``ansible.builtin.template`` (the role's own templates and filters, Ansible's
+own Jinja settings). Each rendered unit is then:
+
+- split back into argv with an independent reading of systemd's rules
+  (specifiers, quotes, C escapes, ``$$``) and compared with the argv we meant;
+- checked by ``systemd-analyze verify`` (and its syscall-filter groups) where
+  systemd is installed.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TEMPLATES = os.path.join(REPO, "roles", "inference_service", "templates")
+ANALYZE = shutil.which("systemd-analyze")
+needs_systemd = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed")
+
+HOSTILE = [
+    "plain", "two words", "", "100%", "%i", "%n%%", "$HOME", "${PATH}", "$$", "a\"quote", "it's",
+    "back\\slash", "trailing\\", ";", "\\;", "x;y", "tab\there", "bell\x07", "{\"json\": [1, 2]}",
+    "-t", "{threads}", "--port={port}", "unicode ✓ é", "#not-a-comment", "@at", "-dash", "\\x41",
+]
+
+SEED_SERVICE = {
+    "name": "llama", "layout": "per_node", "pin_mode": "wrapper", "user": "llama", "group": None,
+    "command": ["/opt/llama.cpp/bin/llama-server", "--model", "/srv/models/model.gguf", "--no-mmap",
+                "-t", "{threads}", "--host", "0.0.0.0", "--port", "{port}"],
+    "environment": {"LLAMA_ARG_CTX_SIZE": "8192"}, "description": None, "type": "exec", "restart": "on-failure",
+    "restart_sec": 5, "working_directory": None, "state_directory": True, "read_write_paths": [],
+    "hardening": True, "extra_settings": {},
+}
+SEED_REQUEST = {"node": None, "gpus": None, "model_size": "/srv/models/model.gguf", "model": "/srv/models/model.gguf",
+                "memory_headroom": None, "smt": None, "reserve_cpus": None, "scope": None, "instances": 2,
+                "policy": "bind", "on_unfit": None, "page_cache": None, "port_base": 8080}
+PLAN_NODE1 = {"policy": "bind", "mem_nodes": [1], "cpu_nodes": [1], "node": 1, "cpus": [28, 29, 30, 31],
+              "cpulist": "28-31", "threads": 4, "gpus": ["0000:81:00.0"], "env": {"CUDA_VISIBLE_DEVICES": "0"},
+              "instance": 1, "instances": 2, "port": 8081, "required_bytes": 1, "available_bytes": 7,
+              "reasons": ["free memory moves"], "inputs": {}}
+
+
+# --- reading a unit back the way systemd does -----------------------------------------------------
+
+_SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "s": " ",
+                   "\\": "\\", '"': '"', "'": "'"}
+
+
+def _unescape(text, pos):
+    """One C escape of systemd's cunescape at text[pos] (after the backslash) -> (chars, new pos)."""
+    char = text[pos]
+    if char in _SIMPLE_ESCAPES:
+        return _SIMPLE_ESCAPES[char], pos + 1
+    if char == "x":
+        return chr(int(text[pos + 1:pos + 3], 16)), pos + 3
+    raise AssertionError("escape \\%s that our quoting never writes, in %r" % (char, text))
+
+
+def split_exec(value, instance="0"):
+    """An ExecStart= value -> argv, as systemd reads it: specifiers, words, then $$ at exec."""
+    expanded = re.sub(r"%(.)", lambda m: {"%": "%", "i": instance}[m.group(1)], value)
+    words, pos = [], 0
+    while True:
+        while pos < len(expanded) and expanded[pos] in " \t":
+            pos += 1
+        if pos == len(expanded):
+            break
+        word, quote = "", None
+        while pos < len(expanded):
+            char = expanded[pos]
+            if quote is None and char in " \t":
+                break
+            if char == "\\":
+                if expanded[pos + 1] == ";" and quote is None:
+                    word, pos = word + ";", pos + 2
+                    continue
+                piece, pos = _unescape(expanded, pos + 1)
+                word += piece
+                continue
+            if quote is None and char in "\"'":
+                quote, pos = char, pos + 1
+            elif char == quote:
+                quote, pos = None, pos + 1
+            else:
+                word, pos = word + char, pos + 1
+        assert quote is None, "unbalanced quote in %r" % value
+        words.append(word)
+    for word in words:
+        assert not re.search(r"(?<!\$)\$(?!\$)", word.replace("$$", "")), "unexpanded $ in %r" % word
+    return [word.replace("$$", "$") for word in words]
+
+
+def settings_of(unit_text):
+    """[(key, value)] of a unit file, comments and sections dropped."""
+    pairs = []
+    for line in unit_text.splitlines():
+        if line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            pairs.append((key, value))
+    return pairs
+
+
+def one(unit_text, key):
+    values = [value for name, value in settings_of(unit_text) if name == key]
+    assert len(values) == 1, "%s: %r" % (key, values)
+    return values[0]
+
+
+# --- rendering with Ansible ------------------------------------------------------------------------
+
+RENDER_PLAYBOOK = """\
+- name: Render the inference_service templates
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  vars:
+    template_vars: &template_vars
+      _inference_service_cfg: "{{ item.service }}"
+      _inference_service_unit: "{{ item.service.name }}"
+      _inference_service_request: "{{ item.request }}"
+      _inference_service_plan: "{{ item.plan }}"
+      _inference_service_systemd_version: "{{ item.systemd_version }}"
+      inference_service_numa_pin: "{{ item.numa_pin }}"
+      inference_service_plan_dir: /etc/inferops-numa
+  tasks:
+    # The template lookup runs on the controller only: one playbook renders every case in seconds.
+    - name: Render every case
+      ansible.builtin.set_fact:
+        unit_text: "{{ lookup('ansible.builtin.template', templates ~ '/' ~ item.template) }}"
+      vars: *template_vars
+      loop: "{{ cases }}"
+      loop_control:
+        label: "{{ item.id }}"
+      register: rendered
+      ignore_errors: true
+
+    # ... and the template module, which the role uses, renders the same text.
+    - name: Render the first case with the template module
+      ansible.builtin.template:
+        src: "{{ templates }}/{{ item.template }}"
+        dest: "{{ out }}/module-{{ item.id }}"
+        mode: "0644"
+      vars: *template_vars
+      loop: "{{ cases[:1] }}"
+
+    - name: Keep the outcome of every case
+      ansible.builtin.copy:
+        content: "{{ rendered.results | map(attribute='ansible_facts.unit_text', default='')
+                     | zip(rendered.results | map(attribute='msg', default=''),
+                           rendered.results | map(attribute='failed', default=false)) | list | to_json }}"
+        dest: "{{ out }}/results.json"
+        mode: "0644"
+"""
+
+
+def case(case_id, template="service@.service.j2", service=None, request=None, plan=None, systemd_version=252,
+         numa_pin="/usr/local/bin/numa-pin"):
+    return {"id": case_id, "template": template, "service": dict(SEED_SERVICE, **(service or {})),
+            "request": dict(SEED_REQUEST, **(request or {})), "plan": dict(PLAN_NODE1, **(plan or {})),
+            "systemd_version": systemd_version, "numa_pin": numa_pin}
+
+
+DROPIN = "numa-placement.conf.j2"
+
+
+def cases(helper):
+    return [
+        case("seed-wrapper", numa_pin=helper),
+        case("hostile-wrapper", service={"command": ["/bin/echo"] + HOSTILE}, numa_pin=helper),
+        case("hostile-env", service={"environment": {"A": "x y", "B": "%i$HOME", "C": 'q"\\', "D": ""}},
+             numa_pin=helper),
+        case("newline-argv", service={"command": ["/bin/echo", "line1\nline2"]}, numa_pin=helper),
+        case("newline-env", service={"environment": {"A": "x\ny"}}, numa_pin=helper),
+        case("bad-env-name", service={"environment": {"A-B": "x"}}, numa_pin=helper),
+        case("shell-string", service={"command": "/bin/echo hello"}, numa_pin=helper),
+        case("prefix-executable", service={"command": ["-/bin/echo", "x"]}, numa_pin=helper),
+        case("extras", service={"hardening": False, "extra_settings": {"LimitMEMLOCK": "infinity"},
+                                "description": "100% llama", "read_write_paths": ["/srv/cache"],
+                                "working_directory": "/srv"}, numa_pin=helper),
+        case("bad-extra", service={"extra_settings": {"ExecStartPre=/bin/sh #": "x"}}, numa_pin=helper),
+        case("systemd-template", service={"pin_mode": "systemd"}, numa_pin=helper),
+        case("systemd-dropin", DROPIN, service={"command": ["/bin/echo", "-t", "{threads}", "--port", "{port}",
+                                                            "{cpulist}", "%n"]}),
+        case("systemd-interleave", DROPIN, service={"command": ["/bin/echo"]},
+             plan={"policy": "interleave", "mem_nodes": [0, 1], "cpulist": "0-3", "cpus": [0, 1, 2, 3]}),
+        case("systemd-weighted", DROPIN, service={"command": ["/bin/echo"]}, plan={"policy": "weighted-interleave"}),
+        case("systemd-old", DROPIN, service={"command": ["/bin/echo"]}, systemd_version=242),
+        case("systemd-no-port", DROPIN, service={"command": ["/bin/echo", "{port}"]}, plan={"port": None}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """{case id: (unit text or None, error message)} from one ansible-playbook run."""
+    work = tmp_path_factory.mktemp("units")
+    helper = str(work / "numa-pin")
+    with open(helper, "w") as handle:
+        handle.write("#!/bin/sh\n")
+    os.chmod(helper, 0o755)
+    all_cases = cases(helper)
+    out = work / "out"
+    out.mkdir()
+    (work / "render.yml").write_text(RENDER_PLAYBOOK)
+    (work / "vars.json").write_text(json.dumps({"cases": all_cases, "templates": TEMPLATES, "out": str(out)}))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    done = subprocess.run([playbook, "-i", "localhost,", str(work / "render.yml"), "-e", "@" + str(work / "vars.json"),
+                           "-e", "ansible_python_interpreter=" + sys.executable],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, check=False)
+    results_file = out / "results.json"
+    assert results_file.exists(), done.stdout
+    results = json.loads(results_file.read_text())
+    outcome = {}
+    for spec, (text, msg, failed) in zip(all_cases, results):
+        path = out / spec["id"]
+        if failed:
+            text = None
+        else:
+            path.write_text(text)
+        outcome[spec["id"]] = (text, msg, str(path), helper)
+    with open(str(out / ("module-" + all_cases[0]["id"]))) as handle:
+        outcome["module"] = (handle.read(), "", "", helper)
+    return outcome
+
+
+def test_lookup_and_template_module_render_the_same(rendered):
+    assert rendered["module"][0] == rendered["seed-wrapper"][0]
+
+
+def text_of(rendered, case_id):
+    text, msg, _, _ = rendered[case_id]
+    assert text is not None, msg
+    return text
+
+
+def error_of(rendered, case_id):
+    text, msg, _, _ = rendered[case_id]
+    assert text is None, "rendered although it should fail:\n%s" % text
+    return msg
+
+
+def verify(*paths):
+    """systemd-analyze verify; returns its complaints (empty when the units are clean)."""
+    done = subprocess.run([ANALYZE, "verify", "--man=no"] + list(paths), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, universal_newlines=True, check=False)
+    return done.returncode, done.stdout.strip()
+
+
+def install(tmp_path, rendered, template_case, dropin_case=None, name="llama"):
+    """Lay rendered files out as <name>@.service (+ <name>@1.service.d/50-inferops-numa.conf)."""
+    shutil.copy(rendered[template_case][2], str(tmp_path / ("%s@.service" % name)))
+    if dropin_case:
+        dropins = tmp_path / ("%s@1.service.d" % name)
+        dropins.mkdir()
+        shutil.copy(rendered[dropin_case][2], str(dropins / "50-inferops-numa.conf"))
+    return str(tmp_path / ("%s@1.service" % name))
+
+
+# --- wrapper mode -------------------------------------------------------------------------------
+
+def test_seed_unit_starts_llama_server_through_numa_pin(rendered):
+    unit = text_of(rendered, "seed-wrapper")
+    helper = rendered["seed-wrapper"][3]
+    argv = split_exec(one(unit, "ExecStart"), instance="1")
+    assert argv == [helper, "exec", "--instance", "1",
+                    "--model-size", "/srv/models/model.gguf", "--model", "/srv/models/model.gguf",
+                    "--instances", "2", "--policy", "bind", "--port-base", "8080", "--",
+                    "/opt/llama.cpp/bin/llama-server", "--model", "/srv/models/model.gguf", "--no-mmap",
+                    "-t", "{threads}", "--host", "0.0.0.0", "--port", "{port}"]
+    assert one(unit, "User") == "llama"
+    assert one(unit, "Group") == "llama"
+    assert one(unit, "Type") == "exec"
+    assert one(unit, "Restart") == "on-failure"
+    assert one(unit, "StateDirectory") == "llama"
+    assert one(unit, "Environment") == '"LLAMA_ARG_CTX_SIZE=8192"'
+    assert "NUMAPolicy" not in dict(settings_of(unit))
+
+
+def test_hostile_arguments_come_back_unchanged(rendered):
+    argv = split_exec(one(text_of(rendered, "hostile-wrapper"), "ExecStart"))
+    assert argv[argv.index("--") + 1:] == ["/bin/echo"] + HOSTILE
+
+
+def test_hostile_environment_values_are_quoted(rendered):
+    values = [v for k, v in settings_of(text_of(rendered, "hostile-env")) if k == "Environment"]
+    # Environment= unquotes and unescapes like ExecStart= but expands specifiers only, never $.
+    assert [split_exec(v.replace("$", "$$"))[0] for v in values] == ["A=x y", "B=%i$HOME", 'C=q"\\', "D="]
+
+
+@pytest.mark.parametrize("case_id, message", [
+    ("newline-argv", "argument 1 'line1\\nline2' contains a newline"),
+    ("newline-env", "environment variable A 'x\\ny' contains a newline"),
+    ("bad-env-name", "'A-B' is not a valid name"),
+    ("shell-string", "is not a non-empty list: write the command as a YAML list"),
+    ("prefix-executable", "which systemd reads as an ExecStart= prefix"),
+    ("bad-extra", "is not a systemd setting name"),
+])
+def test_unwritable_values_fail_with_the_fix(rendered, case_id, message):
+    assert message in error_of(rendered, case_id)
+
+
+def test_hardening_keeps_the_pinning_syscalls(rendered):
+    unit = text_of(rendered, "seed-wrapper")
+    values = dict(settings_of(unit))
+    for key in ("NoNewPrivileges", "ProtectHome", "PrivateTmp", "ProtectKernelTunables", "ProtectControlGroups",
+                "RestrictSUIDSGID", "LockPersonality"):
+        assert values[key] == "yes", key
+    assert values["ProtectSystem"] == "strict"
+    # These would hide GPU device nodes or break JITs.
+    for key in ("PrivateDevices", "ProtectClock", "MemoryDenyWriteExecute", "DevicePolicy", "DeviceAllow"):
+        assert key not in values
+    filters = [v for k, v in settings_of(unit) if k == "SystemCallFilter"]
+    assert filters[0] == "@system-service"
+    assert set(filters[1].split()) >= {"sched_setaffinity", "set_mempolicy", "mbind", "move_pages", "get_mempolicy"}
+
+
+@needs_systemd
+def test_this_systemd_allows_the_pinning_syscalls_in_system_service_too():
+    groups = subprocess.run([ANALYZE, "syscall-filter"], stdout=subprocess.PIPE, universal_newlines=True,
+                            check=True).stdout
+    members, group = {}, None
+    for line in groups.splitlines():
+        word = line.strip()
+        if line.startswith("@"):
+            group = word
+            members[group] = set()
+        elif word and not word.startswith("#") and group:
+            members[group].add(word)
+
+    def expand(name):
+        found = set()
+        for member in members[name]:
+            found |= expand(member) if member.startswith("@") else {member}
+        return found
+    assert expand("@system-service") >= {"sched_setaffinity", "set_mempolicy", "mbind", "move_pages",
+                                         "get_mempolicy", "migrate_pages"}
+
+
+def test_extras_override_and_escape(rendered):
+    unit = text_of(rendered, "extras")
+    values = dict(settings_of(unit))
+    assert values["LimitMEMLOCK"] == "infinity"
+    assert values["Description"] == "100%% llama"
+    assert values["WorkingDirectory"] == "/srv"
+    assert "NoNewPrivileges" not in values
+    assert "ReadWritePaths" not in values  # only with hardening
+
+
+@needs_systemd
+@pytest.mark.parametrize("case_id", ["seed-wrapper", "hostile-wrapper", "hostile-env", "extras"])
+def test_systemd_accepts_the_wrapper_units(tmp_path, rendered, case_id):
+    text_of(rendered, case_id)
+    assert verify(install(tmp_path, rendered, case_id)) == (0, "")
+
+
+# --- systemd mode --------------------------------------------------------------------------------
+
+def test_systemd_mode_template_has_no_command_of_its_own(rendered):
+    unit = text_of(rendered, "systemd-template")
+    assert "ExecStart" not in dict(settings_of(unit))
+    assert one(unit, "User") == "llama"
+
+
+def test_systemd_mode_writes_the_plan_as_unit_settings(rendered):
+    dropin = text_of(rendered, "systemd-dropin")
+    assert one(dropin, "CPUAffinity") == "28-31"
+    assert one(dropin, "NUMAPolicy") == "bind"
+    assert one(dropin, "NUMAMask") == "1"
+    assert one(dropin, "Environment") == '"CUDA_VISIBLE_DEVICES=0"'
+    assert split_exec(one(dropin, "ExecStart")) == ["/bin/echo", "-t", "4", "--port", "8081", "28-31", "%n"]
+
+
+def test_systemd_mode_interleave(rendered):
+    dropin = text_of(rendered, "systemd-interleave")
+    assert (one(dropin, "NUMAPolicy"), one(dropin, "NUMAMask"), one(dropin, "CPUAffinity")) == (
+        "interleave", "0-1", "0-3")
+
+
+@pytest.mark.parametrize("case_id, message", [
+    ("systemd-weighted", "'weighted-interleave' has no systemd NUMAPolicy= equivalent: use pin_mode wrapper"),
+    ("systemd-old", "needs systemd >= 243"),
+    ("systemd-no-port", "uses {port} but the plan has no port: set port_base"),
+])
+def test_systemd_mode_refuses_what_systemd_cannot_do(rendered, case_id, message):
+    assert message in error_of(rendered, case_id)
+
+
+@needs_systemd
+def test_systemd_accepts_template_plus_placement(tmp_path, rendered):
+    text_of(rendered, "systemd-dropin")
+    assert verify(install(tmp_path, rendered, "systemd-template", "systemd-dropin")) == (0, "")
+
+
+@needs_systemd
+def test_systemd_refuses_an_instance_without_its_placement(tmp_path, rendered):
+    text_of(rendered, "systemd-template")
+    code, output = verify(install(tmp_path, rendered, "systemd-template"))
+    assert code != 0
+    assert "no ExecStart" in output
+
+
+# --- the escaping functions themselves -------------------------------------------------------------
+
+ARG = st.text(alphabet=st.characters(blacklist_characters="\n\r\x00", blacklist_categories=("Cs",)), max_size=12)
+
+
+@given(st.lists(ARG, max_size=8))
+@settings(max_examples=300, deadline=None)
+def test_any_argv_without_newlines_round_trips(args):
+    assert split_exec(systemd.exec_line(["/bin/echo"] + args)) == ["/bin/echo"] + args
+
+
+@needs_systemd
+def test_systemd_parses_a_line_of_random_hostile_words(tmp_path):
+    words = ["/bin/echo"] + HOSTILE + [chr(c) for c in range(1, 128) if chr(c) not in "\n\r"]
+    unit = tmp_path / "hostile.service"
+    unit.write_text("[Service]\nExecStart=%s\n" % systemd.exec_line(words))
+    assert verify(str(unit)) == (0, "")
+    assert split_exec(systemd.exec_line(words)) == words
+
+
+def test_safe_words_stay_bare_and_others_are_quoted():
+    assert systemd.exec_line(["/usr/bin/x", "--port=8080", "{threads}", "a b", "50%", "$X"]) == \
+        '/usr/bin/x --port=8080 {threads} "a b" 50%% "$$X"'
+
+
+@pytest.mark.parametrize("argv", [[], "x", ["x\ny"], ["+/bin/x"], [""], [1]])
+def test_bad_commands_are_refused(argv):
+    with pytest.raises(NumaError):
+        systemd.exec_line(argv)
+
+
+def test_request_flags_follow_the_cli_contract():
+    assert systemd.request_flags({"instances": 2, "smt": False, "reserve_cpus": "0-1", "gpus": 1, "policy": None,
+                                  "port_base": 8080, "page_cache": "evict", "on_unfit": "fail"}) == [
+        "--gpus", "1", "--no-smt", "--reserve-cpus", "0-1", "--instances", "2", "--on-unfit", "fail",
+        "--page-cache", "evict", "--port-base", "8080"]
+    with pytest.raises(NumaError, match="unknown placement option"):
+        systemd.request_flags({"threads": 4})
+
+
+def test_tokens_are_replaced_exactly():
+    plan = {"threads": 28, "node": 1, "cpulist": "28-55", "instance": 1, "port": 8081}
+    assert systemd.substitute_tokens(["-t", "{threads}", "--cpus={cpulist}", '{"a": {node}}', "{other}"], plan) == \
+        ["-t", "28", "--cpus=28-55", '{"a": 1}', "{other}"]
+
+
+def test_plan_record_drops_what_moves_between_runs():
+    record = systemd.plan_record(PLAN_NODE1)
+    assert "available_bytes" not in record and "reasons" not in record
+    assert record["cpulist"] == "28-31" and record["port"] == 8081
+
+
+def test_systemd_version_is_read_from_systemctl():
+    assert systemd.parse_systemd_version("systemd 252 (252.39-1~deb12u2)\n+PAM +AUDIT") == 252
+    with pytest.raises(NumaError, match="cannot read the systemd version"):
+        systemd.parse_systemd_version("bash: systemctl: command not found")
+
+
+def test_preferred_on_several_nodes_needs_the_wrapper():
+    with pytest.raises(NumaError, match="use pin_mode wrapper"):
+        systemd.numa_settings({"policy": "preferred", "mem_nodes": [0, 1], "cpulist": "0-3"}, 252)
+
+
+def test_service_names_must_make_unit_names():
+    assert systemd.unit_prefix("llama-3.1_70b") == "llama-3.1_70b"
+    for bad in ("a@b", "two words", "", "x/y"):
+        with pytest.raises(NumaError):
+            systemd.unit_prefix(bad)
+
+
+@needs_systemd
+def test_systemd_rates_the_hardening(tmp_path, rendered):
+    """systemd's own exposure score (0 best .. 10 worst) of the seed unit; 9.6 without any sandboxing."""
+    shutil.copy(rendered["seed-wrapper"][2], str(tmp_path / "llama@.service"))
+    done = subprocess.run([ANALYZE, "security", "--offline=yes", "--man=no", str(tmp_path / "llama@0.service")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
+    match = re.search(r"Overall exposure level for llama@0.service: ([0-9.]+)", done.stdout)
+    if match is None and "--offline" in done.stdout:
+        pytest.skip("this systemd-analyze has no --offline")
+    assert match, done.stdout
+    assert float(match.group(1)) <= 3.0
