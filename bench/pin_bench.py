@@ -32,6 +32,7 @@ def main():
         os.chmod(launcher, 0o755)
         rows = [
             ("python3 -I -c pass", time_command([PYTHON, "-I", "-c", "pass"], runs)),
+            ("python3 -I -S -c pass (the launcher's flags)", time_command([PYTHON, "-I", "-S", "-c", "pass"], runs)),
             ("numa-pin exec --node 0 -- /bin/true", time_command([launcher, "exec", "--node", "0", "--", "/bin/true"], runs)),
             ("numa-pin explain --node 0", time_command([launcher, "explain", "--node", "0"], runs)),
         ]

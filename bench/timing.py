@@ -7,8 +7,9 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The pyenv shim alone costs ~100 ms per start: time the real interpreter.
-PYTHON = os.path.realpath(sys.executable)
+# What targets run numa-pin with (the baseline is /usr/bin/python3 -I -c pass);
+# never a pyenv shim, which alone costs ~100 ms per start.
+PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else os.path.realpath(sys.executable)
 PACKAGE_PARENT = os.path.join(REPO, "plugins", "module_utils")
 
 

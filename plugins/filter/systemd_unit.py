@@ -16,6 +16,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 
 
 def _filter(func):
@@ -46,7 +47,7 @@ class FilterModule:
             "systemd_unit_prefix": _filter(systemd.unit_prefix),
             "systemd_version": _filter(systemd.parse_systemd_version),
             "numa_pin_flags": _filter(systemd.request_flags),
-            "numa_substitute": _filter(systemd.substitute_tokens),
+            "numa_substitute": _filter(substitute_tokens),
             "numa_plan_record": _filter(systemd.plan_record),
             "numa_systemd_settings": _filter(_settings),
         }

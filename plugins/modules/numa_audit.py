@@ -23,6 +23,8 @@ description:
   - Never changes anything.
 author:
   - inferops.numa contributors (@inferops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   unit:
     description:
@@ -77,11 +79,11 @@ options:
     default: /
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+  platform:
+    platforms: [linux]
 notes:
   - C(Mems_allowed_list) follows cpusets, not the memory policy, so memory placement is judged from
     C(numa_maps) only.

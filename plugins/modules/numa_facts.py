@@ -21,6 +21,9 @@ description:
   - Files that are missing, empty or garbled are reported in C(warnings) and never fail the module.
 author:
   - inferops.numa contributors (@inferops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
 options:
   root:
     description:
@@ -30,13 +33,12 @@ options:
     default: /
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+  platform:
+    platforms: [linux]
   facts:
-    description: Action returns an C(ansible_facts) dictionary that will update existing host facts.
     support: full
 notes:
   - GPUs are found by PCI class (VGA, 3D, display, processing accelerator), not through C(/sys/class/drm), so NVIDIA

@@ -18,6 +18,8 @@ description:
   - The decision rules are documented in the collection's C(docs/placement.md).
 author:
   - inferops.numa contributors (@inferops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
 options:
   node:
     description: Node id to anchor on; omit (or C(auto)) to let the planner choose.
@@ -83,11 +85,11 @@ options:
     default: /
 attributes:
   check_mode:
-    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
   diff_mode:
-    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
+  platform:
+    platforms: [linux]
 """
 
 EXAMPLES = r"""

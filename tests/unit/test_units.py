@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATES = os.path.join(REPO, "roles", "inference_service", "templates")
@@ -454,7 +455,7 @@ def test_request_flags_follow_the_cli_contract():
 
 def test_tokens_are_replaced_exactly():
     plan = {"threads": 28, "node": 1, "cpulist": "28-55", "instance": 1, "port": 8081}
-    assert systemd.substitute_tokens(["-t", "{threads}", "--cpus={cpulist}", '{"a": {node}}', "{other}"], plan) == \
+    assert substitute_tokens(["-t", "{threads}", "--cpus={cpulist}", '{"a": {node}}', "{other}"], plan) == \
         ["-t", "28", "--cpus=28-55", '{"a": 1}', "{other}"]
 
 

@@ -16,10 +16,9 @@ systemd``), and the ``CPUAffinity=``/``NUMAPolicy=``/``NUMAMask=`` a Plan maps t
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cli import REQUEST_FLAGS  # noqa: F401  (numa-pin exec flags of the wrapper units)
+from .cli import REQUEST_FLAGS
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
-from .tokens import TOKENS, substitute_tokens  # noqa: F401  (the role's numa_substitute filter)
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
 # only of these is written bare, anything else is double-quoted.

@@ -45,11 +45,11 @@ class _Reader:
     """File access under a root prefix that records what could not be read."""
 
     def __init__(self, root: str) -> None:
-        self.root = root
+        self.prefix = root.rstrip("/") + "/"
         self.warnings = []  # type: List[str]
 
     def path(self, rel: str) -> str:
-        return os.path.join(self.root, rel)
+        return self.prefix + rel
 
     def exists(self, rel: str) -> bool:
         return os.path.exists(self.path(rel))
@@ -62,14 +62,24 @@ class _Reader:
 
     def text(self, rel: str, required: bool = True) -> Optional[str]:
         """File content stripped of whitespace and NULs; None when unreadable."""
+        # os.open/os.read: a few hundred sysfs files, and open()'s buffered
+        # file objects would cost more than the reads themselves.
         try:
-            with open(self.path(rel), "rb") as handle:
-                data = handle.read()
+            fd = os.open(self.path(rel), os.O_RDONLY)
+            try:
+                chunks = []
+                while True:
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+            finally:
+                os.close(fd)
         except OSError as exc:
             if required:
                 self.warn("%s: cannot read (%s)" % (rel, exc.strerror or exc))
             return None
-        return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
+        return b"".join(chunks).replace(b"\x00", b"").decode("utf-8", "replace").strip()
 
     def integer(self, rel: str, required: bool = True) -> Optional[int]:
         raw = self.text(rel, required)
@@ -192,18 +202,19 @@ def _list_file(reader: _Reader, rel: str) -> str:
 
 def _sibling_groups(reader: _Reader, online: List[int], package_of: Dict[int, int]) -> List[List[int]]:
     """SMT sibling groups (one per physical core) of the online CPUs."""
+    if not online:
+        return []
+    probe = "%s/cpu%d/topology/thread_siblings_list" % (CPU_DIR, online[0])
+    if not reader.exists(probe):
+        # Older kernels (and some captures) have no sibling lists at all.
+        return sorted(_cpus_by_core_id(reader, online, package_of).values())
     online_set = set(online)
     grouped = set()  # type: Set[int]
     groups = []
-    by_core = None  # type: Optional[Dict[Tuple[int, int], List[int]]]
     for cpu in online:
         if cpu in grouped:
             continue
-        members = reader.cpus("%s/cpu%d/topology/thread_siblings_list" % (CPU_DIR, cpu), required=False)
-        if members is None:
-            if by_core is None:
-                by_core = _cpus_by_core_id(reader, online, package_of)
-            members = next((cpus for cpus in by_core.values() if cpu in cpus), [cpu])
+        members = reader.cpus("%s/cpu%d/topology/thread_siblings_list" % (CPU_DIR, cpu), required=False) or [cpu]
         group = sorted((set(members) & online_set - grouped) | {cpu})
         grouped.update(group)
         groups.append(group)
