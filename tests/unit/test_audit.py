@@ -118,13 +118,14 @@ def test_resident_line_without_page_size_is_an_error():
         audit.parse_numa_maps_line("7f00 default anon=1 N0=1")
 
 
-def test_executable_file_mappings_are_code():
+def test_every_mapping_of_a_program_image_is_code_a_model_is_file():
     starts = audit.executable_starts(TRAPPED_MAPS_TEXT)
-    assert starts == {0x55d4c1a00000}
+    assert starts == {0x55d4c1a00000, 0x55d4c1b78000}
     text = audit.parse_numa_maps_line(TRAPPED_MAPS.splitlines()[0], starts)
     data = audit.parse_numa_maps_line(TRAPPED_MAPS.splitlines()[1], starts)
+    model = audit.parse_numa_maps_line(TRAPPED_MAPS.splitlines()[4], starts)
     jit = audit.parse_numa_maps_line("55d4c1a00000 default anon=3 N0=3 kernelpagesize_kB=4", starts)
-    assert (text.kind, data.kind, jit.kind) == ("code", "file", "anon")
+    assert (text.kind, data.kind, model.kind, jit.kind) == ("code", "code", "file", "anon")
 
 
 def test_whole_trapped_file_sums_per_node_and_kind():
@@ -132,7 +133,7 @@ def test_whole_trapped_file_sums_per_node_and_kind():
     assert len(lines) == 7
     assert audit.node_bytes(lines) == {
         0: {"anon": 0, "file": 8455 * PAGE, "code": 0},
-        1: {"anon": (2048 + 65536 + 33) * PAGE + 4 * 2 * MIB, "file": 10 * PAGE, "code": 120 * PAGE},
+        1: {"anon": (2048 + 65536 + 33) * PAGE + 4 * 2 * MIB, "file": 0, "code": 130 * PAGE},
     }
     assert audit.policy_bytes(lines) == {"bind:1": (120 + 10 + 2048 + 65536 + 8455 + 33) * PAGE + 8 * MIB}
 
@@ -147,19 +148,18 @@ def test_last_cpu_survives_a_name_with_spaces_and_parens():
 def test_page_cache_trap_fails_with_the_numbers(tmp_path):
     write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2), (4243, "2-3", 3)])
     report = audit.audit_pids(str(tmp_path), [4242], BIND1, page_size=PAGE)
-    anon = (2048 + 65536 + 33) * PAGE + 8 * MIB
-    local = anon + 10 * PAGE
+    local = (2048 + 65536 + 33) * PAGE + 8 * MIB  # anonymous; the binary's 130 pages are code
     expected = round(100.0 * local / (local + 8455 * PAGE), 2)
     assert report["ok"] is False
     assert report["local_percent"] == expected
     assert report["remote_percent"] == round(100 - expected, 2)
     assert report["anon_local_percent"] == 100.0
-    assert report["file_local_percent"] == round(100.0 * 10 / (10 + 8455), 2)
+    assert report["file_local_percent"] == 0.0  # the whole model sits on node 0
     assert report["code_local_percent"] == 100.0
     assert report["nodes"]["0"] == {"anon_bytes": 0, "file_bytes": 8455 * PAGE, "code_bytes": 0,
                                     "anon_pages": 0, "file_pages": 8455, "code_pages": 0}
     assert report["nodes"]["1"]["anon_pages"] == (2048 + 65536 + 33) + 4 * 512
-    assert report["resident_bytes"] == local + 120 * PAGE + 8455 * PAGE
+    assert report["resident_bytes"] == local + 130 * PAGE + 8455 * PAGE
     assert "%.2f%% of anon + file on node(s) 1" % expected in report["msg"]
     assert "33.03 MiB on node 0 (anon 0 B, file 33.03 MiB)" in report["msg"]  # 8455 pages
     assert "below min_local_percent 99" in report["msg"]

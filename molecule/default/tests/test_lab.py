@@ -91,7 +91,7 @@ def test_units_verify_clean(host, unit):
 
 def test_audit_module_agrees(host):
     result = host.run("/usr/local/bin/numa-pin audit --unit lab-cpu@1.service "
-                      "--plan-json /etc/inferops-numa/lab-cpu@1.plan.json")
+                      "--plan-json /etc/inferops-numa/lab-cpu@1.plan.json --pages anon")
     assert result.rc == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["ok"] is True
 

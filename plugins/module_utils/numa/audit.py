@@ -21,10 +21,12 @@ Three kinds of resident pages:
   model, sitting wherever the file was first read (the page-cache trap). The
   few copy-on-write pages of a private file mapping stay here: numa_maps does
   not say on which node they are.
-- ``code``: file-backed mappings that are executable in ``/proc/<pid>/maps``:
-  program and library text. One copy serves every process on the host (the
-  kernel never replicates it per node), so a second instance's code is
-  "remote" by construction; it is reported, and left out of the local share.
+- ``code``: every mapping of a file the process also maps executable (in
+  ``/proc/<pid>/maps``): program and library images, their text and their
+  read-only and data segments alike. One copy serves every process on the
+  host (the kernel never replicates it per node), so a second instance's
+  image is "remote" by construction; it is reported, and left out of the
+  local share. A model file is never mapped executable, so it stays ``file``.
 
 The local share is the bytes on the plan's ``mem_nodes`` over the resident
 ``anon`` + ``file`` bytes (or one of them, ``pages``). It is enforced
@@ -118,13 +120,23 @@ def parse_numa_maps_line(line: str, executable: Collection[int] = ()) -> Optiona
 
 
 def executable_starts(maps_text: str) -> Set[int]:
-    """Start addresses of the executable mappings of a ``/proc/<pid>/maps`` text."""
-    starts = set()
+    """Start addresses of the mappings of program images in a ``/proc/<pid>/maps`` text.
+
+    An image is a file with at least one executable mapping; all its mappings
+    (text, rodata, data) count, so a library's read-only data is not taken
+    for page cache the service chose to read.
+    """
+    mappings = []
+    images = set()
     for line in maps_text.splitlines():
-        fields = line.split(None, 2)
-        if len(fields) >= 2 and "x" in fields[1]:
-            starts.add(int(fields[0].split("-", 1)[0], 16))
-    return starts
+        fields = line.split(None, 5)
+        if len(fields) < 6:
+            continue
+        start, perms, path = int(fields[0].split("-", 1)[0], 16), fields[1], fields[5].strip()
+        mappings.append((start, path))
+        if "x" in perms:
+            images.add(path)
+    return set(start for start, path in mappings if path in images)
 
 
 def parse_numa_maps(text: str, executable: Collection[int] = ()) -> List[MapsLine]:

@@ -101,6 +101,8 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     audit.add_argument("--unit", help="a systemd unit: audits every process of its cgroup")
     audit.add_argument("--plan-json", help="the plan file the service was started with (expected nodes and CPUs)")
     audit.add_argument("--min-local-percent", type=float, default=99.0)
+    audit.add_argument("--pages", choices=("all", "anon", "file"), default="all",
+                       help="which memory the local share counts (program images never count)")
     audit.add_argument("--wait-seconds", type=float, default=0.0,
                        help="wait this long for the unit to be active and its memory to settle")
     audit.set_defaults(run=run_audit)
@@ -226,9 +228,9 @@ def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
         raise NumaError("audit needs either --unit NAME or --pid PID (repeatable), not both")
     plan = load_plan(args.plan_json) if args.plan_json else None
     if args.unit:
-        report = audit_unit("/", args.unit, plan, args.min_local_percent, wait_seconds=args.wait_seconds)
+        report = audit_unit("/", args.unit, plan, args.min_local_percent, args.pages, wait_seconds=args.wait_seconds)
     else:
-        report = audit_pids("/", args.pid, plan, args.min_local_percent)
+        report = audit_pids("/", args.pid, plan, args.min_local_percent, args.pages)
     _print_json(report)
     return 0 if report.get("ok") else EXIT_AUDIT_FAILED
 
