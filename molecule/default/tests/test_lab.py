@@ -124,3 +124,20 @@ def test_after_reboot_balancing_stays_off_and_services_return(host):
         state = health(host, 8080 + node)
         assert state["cpus_allowed_list"] == node_cpus(host, node)
         assert share(state["pages_per_node"], node) >= 0.99
+
+
+def test_cost_report_measures_the_2x2_matrix_next_to_slit(tmp_path):
+    """numa_cost in the guest through the fleet playbook; the report says which figures are measured."""
+    project = os.environ["MOLECULE_PROJECT_DIRECTORY"]
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+                    os.path.join(project, "playbooks", "cost_report.yml"),
+                    "-e", "numa_cost_report_dir=%s" % tmp_path, "-e", "numa_cost_max_seconds=240"],
+                   check=True, timeout=900, cwd=project)
+    markdown = (tmp_path / "cost_report.md").read_text()
+    html = (tmp_path / "cost_report.html").read_text()
+    assert "1 host(s), 1 host type(s)." in markdown  # the guest produced a result
+    assert "### numa-lab" in markdown
+    assert "Latency ratio (measured)" in markdown and "SLIT distance ratio (not measured)" in markdown
+    assert "| **node 1** | 21 | 10 |" in markdown  # SLIT as the firmware claims it
+    assert "<script" not in html and "Latency ratio" in html
