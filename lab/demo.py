@@ -52,6 +52,8 @@ def write_inventory(vm: dict) -> Path:
         "      ansible_host: %s\n      ansible_port: %s\n      ansible_user: %s\n"
         "      ansible_ssh_private_key_file: %s\n"
         "      ansible_ssh_common_args: -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null\n"
+        "      # 1 GiB per node: the default headroom (10%%+1G, sized for real servers) fits nowhere here.\n"
+        "      inference_service_defaults:\n        memory_headroom: 64M\n"
         % (vm["address"], vm["port"], vm["user"], vm["identity_file"]))
     return inventory
 

@@ -180,3 +180,24 @@ def test_numa_facts_module_ad_hoc_on_every_dump(dump_roots, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "Traceback" not in result.stdout + result.stderr
     assert "failed=0" in result.stdout
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_numa_pin_explain_on_every_dump_plans_or_says_why(dump_roots, name):
+    """"What would happen on that box": a sensible plan, or a clear error, never a traceback."""
+    root = dump_roots[name]
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "plugins", "module_utils"))
+    for extra in ([], ["--instances", "2", "--instance", "1", "--model-size", "4G", "--no-smt"]):
+        result = subprocess.run([sys.executable, "-m", "numa", "explain", "--root", root] + extra,
+                                capture_output=True, text=True, env=env, timeout=60, check=False)
+        assert "Traceback" not in result.stderr
+        if result.returncode != 0:
+            assert result.returncode == 2 and result.stderr.startswith("numa-pin: "), result.stderr
+            continue
+        placement = json.loads(result.stdout)
+        facts = read(root)
+        node_cpus = {n["id"]: set(n["cpus"]) for n in facts["nodes"]}
+        assert placement["cpus"] and set(placement["cpus"]) <= set().union(*(node_cpus[n] for n in placement["cpu_nodes"]))
+        allowed = ids_of(facts["cpus"]["allowed"])
+        assert not allowed or set(placement["cpus"]) <= allowed
+        assert placement["threads"] == len(placement["cpus"]) and placement["reasons"]
