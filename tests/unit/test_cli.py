@@ -147,3 +147,28 @@ def test_tokens_leave_other_braces_alone():
     placement = _one_node_plan()
     assert substitute_tokens(["{threads}x{threads}", "{unknown}", "{}"], placement.to_dict()) == [
         "%dx%d" % (placement.threads, placement.threads), "{unknown}", "{}"]
+
+
+def test_page_cache_trouble_is_a_note_after_the_placement_not_a_failure(monkeypatch, tmp_path):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\0" * 8192)
+
+    def refuse(path, local, proc_root="/proc"):
+        raise NumaError("mincore was refused (EPERM) while scanning the page cache: a seccomp filter blocks it")
+
+    monkeypatch.setattr(pagecache, "evict_remote", refuse)
+    notes = cli._settle_page_cache([str(model)], _one_node_plan(), "evict")
+    assert notes == ["page cache NOT checked: mincore was refused (EPERM) while scanning the page cache: "
+                     "a seccomp filter blocks it"]
+
+
+def test_exec_applies_the_placement_before_looking_at_the_page_cache(monkeypatch, tmp_path):
+    order = []
+    monkeypatch.setattr(cli, "_apply", lambda placement, topology, best_effort: order.append("apply") or [])
+    monkeypatch.setattr(cli, "_settle_page_cache", lambda models, placement, action: order.append("cache") or [])
+    monkeypatch.setattr(os, "execvp", lambda file, argv: order.append("exec"))
+    args, server_argv = cli._parse(["exec", "--node", "0", "--model", str(tmp_path), "--", "/bin/true"])
+    cli.run_exec(args, server_argv)
+    assert order == ["apply", "cache", "exec"]

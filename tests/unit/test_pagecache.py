@@ -226,3 +226,15 @@ def test_remote_runs_coalesce_pages_on_other_nodes():
 def test_resident_runs_use_only_the_low_bit():
     assert pagecache._runs(bytes([1, 3, 0, 1, 2, 0, 0x81])) == [(0, 2), (3, 4), (6, 7)]
     assert pagecache._runs(bytes([0, 0])) == []
+
+
+def test_a_file_this_user_neither_owns_nor_may_write_is_refused_not_misread(tmp_path, monkeypatch):
+    # mincore() would report every page of it as cached (Linux >= 5.0), and the scan would read it all.
+    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\1" * 8192)
+    monkeypatch.setattr(pagecache.os, "geteuid", lambda: 4242)
+    monkeypatch.setattr(pagecache.os, "access", lambda path, mode: False)
+    with pytest.raises(NumaError, match="only to the file's owner"):
+        pagecache.file_residency(str(model))

@@ -28,7 +28,7 @@ from .tokens import substitute_tokens
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only
-    from typing import Any, Dict, List, Optional, Tuple
+    from typing import Any, Dict, List, Optional, Set, Tuple
 
     from .placement import Plan, Request
 
@@ -205,10 +205,10 @@ def run_explain(args: argparse.Namespace, _server_argv: List[str]) -> int:
 
 def run_exec(args: argparse.Namespace, server_argv: List[str]) -> int:
     topology, placement = _plan("/", args)
-    notes = []
+    # Placement first: a page the scan faults in is then read under the plan's policy.
+    notes = _apply(placement, topology, args.best_effort)
     if args.model:
         notes.extend(_settle_page_cache(args.model, placement, _page_cache_action(args.page_cache, placement.policy)))
-    notes.extend(_apply(placement, topology, args.best_effort))
     argv = substitute_tokens(server_argv, placement.to_dict())
     os.environ.update(placement.env)
     _say("%s%s; exec %s" % (placement.summary(), "".join("; " + note for note in notes), argv[0]))
@@ -296,25 +296,36 @@ def _settle_page_cache(models: List[str], placement: Plan, action: str) -> List[
     """Report, and with ``evict`` drop, model pages cached on nodes outside the plan."""
     if action == "ignore":
         return []
-    from .pagecache import evict_remote, file_residency, regular_files
+    from .pagecache import regular_files
 
     notes = []
     local = set(placement.mem_nodes)
     for path in regular_files(models):
-        if action == "evict":
-            outcome = evict_remote(path, local)
-            if outcome["evicted_pages"]:
-                notes.append("page cache: dropped %d pages of %s cached on remote nodes"
-                             % (outcome["evicted_pages"], path))
-            if outcome["skipped_reason"]:
-                notes.append("page cache: NOT evicted: %s" % outcome["skipped_reason"])
-        else:
-            nodes = file_residency(path)["nodes"]
-            remote = sum(count for node, count in nodes.items() if int(node) not in local)
-            if remote:
-                notes.append("page cache: %d pages of %s sit on remote nodes (%s)" % (
-                    remote, path, ", ".join("N%s=%d" % item for item in sorted(nodes.items()))))
+        try:
+            notes.extend(_settle_file(path, local, action))
+        except NumaError as exc:
+            # The placement itself is applied; only the look at the page cache failed.
+            notes.append("page cache NOT checked: %s" % exc)
     return notes
+
+
+def _settle_file(path: str, local: Set[int], action: str) -> List[str]:
+    from .pagecache import evict_remote, file_residency
+
+    if action == "evict":
+        outcome = evict_remote(path, local)
+        notes = []
+        if outcome["evicted_pages"]:
+            notes.append("page cache: dropped %d pages of %s cached on remote nodes" % (outcome["evicted_pages"], path))
+        if outcome["skipped_reason"]:
+            notes.append("page cache: NOT evicted: %s" % outcome["skipped_reason"])
+        return notes
+    nodes = file_residency(path)["nodes"]
+    remote = sum(count for node, count in nodes.items() if int(node) not in local)
+    if not remote:
+        return []
+    return ["page cache: %d pages of %s sit on remote nodes (%s)" % (
+        remote, path, ", ".join("N%s=%d" % item for item in sorted(nodes.items())))]
 
 
 # --- output ---------------------------------------------------------------

@@ -16,6 +16,7 @@ with SIGBUS; model files are not rewritten in place.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import stat
@@ -244,6 +245,14 @@ def _open_regular(path: str) -> Tuple[int, int]:
         os.close(fd)
         raise NumaError("%s is not a regular file: pass a model file, or use residency() for a "
                         "directory" % path)
+    if info.st_uid != os.geteuid() and not os.access(path, os.W_OK):
+        os.close(fd)
+        # Since Linux 5.0 mincore() shows the page cache of a file only to its owner and to
+        # users who may write it; to anyone else every page looks cached, and touching
+        # "cached" pages would read the whole file.
+        raise NumaError("cannot see the page cache of %s: the kernel shows it only to the file's owner "
+                        "(uid %d) or to users who may write it; run as that user, or give the service "
+                        "its own copy of the model" % (path, info.st_uid))
     return fd, info.st_size
 
 
@@ -331,5 +340,8 @@ def _libc(name: str) -> Any:
 
 
 def _os_failure(call: str, err: int) -> NumaError:
+    if err == errno.EPERM:
+        return NumaError("%s was refused (EPERM) while scanning the page cache: a seccomp filter blocks it; "
+                         "allow it (systemd: SystemCallFilter=%s) or run with --page-cache ignore" % (call, call))
     return NumaError("%s failed while scanning the page cache: %s; the file must be on a file system "
                      "that supports mmap (not a pipe, /proc or some FUSE files)" % (call, os.strerror(err)))
