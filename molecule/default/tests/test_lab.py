@@ -96,23 +96,23 @@ def test_audit_module_agrees(host):
     assert json.loads(result.stdout)["ok"] is True
 
 
-def test_unfit_model_with_on_unfit_fail_leaves_the_unit_failed(host):
-    host.run("systemctl reset-failed lab-fault-unfit.service")
-    host.run("systemd-run --unit=lab-fault-unfit --property=Type=exec /usr/local/bin/numa-pin exec "
-             "--model-size 64G --on-unfit fail -- /bin/sleep 600")
+def failed_start_journal(host, unit, properties, helper_args):
+    """Start numa-pin as a transient unit that must fail; return its journal."""
+    host.run("systemctl reset-failed %s.service" % unit)
+    host.run("systemd-run --unit=%s --property=Type=exec %s /usr/local/bin/numa-pin exec %s -- /bin/sleep 600"
+             % (unit, " ".join("--property=" + p for p in properties), helper_args))
     time.sleep(10)
-    assert host.run("systemctl is-active lab-fault-unfit.service").stdout.strip() != "active"
-    journal = host.run("journalctl -u lab-fault-unfit.service --no-pager").stdout
+    assert host.run("systemctl is-active %s.service" % unit).stdout.strip() != "active"
+    return host.run("journalctl -u %s.service --no-pager" % unit).stdout
+
+
+def test_unfit_model_with_on_unfit_fail_leaves_the_unit_failed(host):
+    journal = failed_start_journal(host, "lab-fault-unfit", [], "--model-size 64G --on-unfit fail")
     assert "numa-pin:" in journal and "GiB" in journal, journal
 
 
 def test_cpuset_without_the_node_is_a_clear_error(host):
-    host.run("systemctl reset-failed lab-fault-cpuset.service")
-    host.run("systemd-run --unit=lab-fault-cpuset --property=Type=exec --property=AllowedMemoryNodes=0 "
-             "/usr/local/bin/numa-pin exec --node 1 -- /bin/sleep 600")
-    time.sleep(10)
-    assert host.run("systemctl is-active lab-fault-cpuset.service").stdout.strip() != "active"
-    journal = host.run("journalctl -u lab-fault-cpuset.service --no-pager").stdout
+    journal = failed_start_journal(host, "lab-fault-cpuset", ["AllowedMemoryNodes=0"], "--node 1")
     assert "numa-pin:" in journal and "node 1" in journal, journal
 
 
