@@ -172,3 +172,23 @@ def test_exec_applies_the_placement_before_looking_at_the_page_cache(monkeypatch
     args, server_argv = cli._parse(["exec", "--node", "0", "--model", str(tmp_path), "--", "/bin/true"])
     cli.run_exec(args, server_argv)
     assert order == ["apply", "cache", "exec"]
+
+
+def test_explain_reports_page_cache_trouble_beside_the_plan(tmp_path, monkeypatch, capsys):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+
+    root = sysfs.dual_socket_gpus().write(str(tmp_path / "root"))
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\1" * 8192)
+    args, _ = cli._parse(["explain", "--root", root, "--gpus", "none", "--model", str(model)])
+    assert cli.run_explain(args, []) == 0
+    assert json.loads(capsys.readouterr().out)["page_cache"]["files"][0]["path"] == str(model)
+
+    def hidden(paths):
+        raise NumaError("cannot see the page cache of %s" % paths[0])
+
+    monkeypatch.setattr(pagecache, "residency", hidden)
+    assert cli.run_explain(args, []) == 0
+    explained = json.loads(capsys.readouterr().out)
+    assert explained["page_cache"] == {"error": "cannot see the page cache of %s" % model, "action": "evict"}
+    assert explained["mem_nodes"] == [0]

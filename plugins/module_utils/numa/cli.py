@@ -197,7 +197,10 @@ def run_explain(args: argparse.Namespace, _server_argv: List[str]) -> int:
     if args.model:
         from .pagecache import residency
 
-        result["page_cache"] = residency(args.model)
+        try:
+            result["page_cache"] = residency(args.model)
+        except NumaError as exc:  # the plan stands; only the look at the cache failed
+            result["page_cache"] = {"error": str(exc)}
         result["page_cache"]["action"] = _page_cache_action(args.page_cache, placement.policy)
     _print_json(result)
     return 0
