@@ -154,21 +154,19 @@ def build_request(options: Dict[str, Any]) -> Request:
     chosen = {name: options.get(name) for name in REQUEST_OPTIONS}
     if chosen["node"] == "auto":
         chosen["node"] = None
-    if isinstance(chosen["reserve_cpus"], str):
-        from .cpulist import parse_cpulist
-        chosen["reserve_cpus"] = parse_cpulist(chosen["reserve_cpus"])
-    chosen["model_size"] = _model_bytes(chosen["model_size"], options.get("model") or [])
+    chosen["model_size"] = _model_size(chosen["model_size"], options.get("model") or [])
     return Request.from_options(chosen)
 
 
-def _model_bytes(model_size: Any, models: List[str]) -> Optional[int]:
-    from .sizes import parse_size, size_of_path
+def _model_size(model_size: Any, models: List[str]) -> Any:
+    """A path measured in bytes; sizes ("14G", bytes) go on to the Request, which parses them."""
+    from .sizes import size_of_path
 
     if model_size is None:
         return sum(size_of_path(path) for path in models) if models else None
     if isinstance(model_size, str) and (os.sep in model_size or os.path.exists(model_size)):
         return size_of_path(model_size)
-    return parse_size(model_size)
+    return model_size
 
 
 def _plan(root: str, args: argparse.Namespace) -> Tuple[Dict[str, Any], Plan]:
