@@ -42,11 +42,11 @@ SEED_SERVICE = {
                 "-t", "{threads}", "--host", "0.0.0.0", "--port", "{port}"],
     "environment": {"LLAMA_ARG_CTX_SIZE": "8192"}, "description": None, "type": "exec", "restart": "on-failure",
     "restart_sec": 5, "working_directory": None, "state_directory": True, "read_write_paths": [],
-    "hardening": True, "extra_settings": {},
+    "hardening": True, "extra_settings": {}, "replica_dir": None,
 }
 SEED_REQUEST = {"node": None, "gpus": None, "model_size": "/srv/models/model.gguf", "model": "/srv/models/model.gguf",
                 "memory_headroom": None, "smt": None, "reserve_cpus": None, "scope": None, "instances": 2,
-                "policy": "bind", "on_unfit": None, "page_cache": None, "port_base": 8080}
+                "policy": "bind", "on_unfit": None, "page_cache": None, "replica_dir": None, "port_base": 8080}
 PLAN_NODE1 = {"policy": "bind", "mem_nodes": [1], "cpu_nodes": [1], "node": 1, "cpus": [28, 29, 30, 31],
               "cpulist": "28-31", "threads": 4, "gpus": ["0000:81:00.0"], "env": {"CUDA_VISIBLE_DEVICES": "0"},
               "instance": 1, "instances": 2, "port": 8081, "required_bytes": 1, "available_bytes": 7,
@@ -190,6 +190,8 @@ def cases(helper):
         case("extras", service={"hardening": False, "extra_settings": {"LimitMEMLOCK": "infinity"},
                                 "description": "100% llama", "read_write_paths": ["/srv/cache"],
                                 "working_directory": "/srv"}, numa_pin=helper),
+        case("replicate", service={"replica_dir": "/srv/replicas", "read_write_paths": ["/srv/cache"]},
+             request={"page_cache": "replicate", "replica_dir": "/srv/replicas"}, numa_pin=helper),
         case("bad-extra", service={"extra_settings": {"ExecStartPre=/bin/sh #": "x"}}, numa_pin=helper),
         case("systemd-template", service={"pin_mode": "systemd"}, numa_pin=helper),
         case("systemd-dropin", DROPIN, service={"command": ["/bin/echo", "-t", "{threads}", "--port", "{port}",
@@ -290,6 +292,15 @@ def test_seed_unit_starts_llama_server_through_numa_pin(rendered):
     assert "NUMAPolicy" not in dict(settings_of(unit))
 
 
+def test_replicas_are_asked_for_and_their_directory_is_writable(rendered):
+    unit = text_of(rendered, "replicate")
+    argv = split_exec(one(unit, "ExecStart"), instance="0")
+    flags = argv[:argv.index("--")]
+    assert flags[flags.index("--page-cache"):flags.index("--page-cache") + 4] == [
+        "--page-cache", "replicate", "--replica-dir", "/srv/replicas"]
+    assert [value for key, value in settings_of(unit) if key == "ReadWritePaths"] == ["/srv/cache", "/srv/replicas"]
+
+
 def test_hostile_arguments_come_back_unchanged(rendered):
     argv = split_exec(one(text_of(rendered, "hostile-wrapper"), "ExecStart"))
     assert argv[argv.index("--") + 1:] == ["/bin/echo"] + HOSTILE
@@ -362,7 +373,7 @@ def test_extras_override_and_escape(rendered):
 
 
 @needs_systemd
-@pytest.mark.parametrize("case_id", ["seed-wrapper", "hostile-wrapper", "hostile-env", "extras"])
+@pytest.mark.parametrize("case_id", ["seed-wrapper", "hostile-wrapper", "hostile-env", "extras", "replicate"])
 def test_systemd_accepts_the_wrapper_units(tmp_path, rendered, case_id):
     text_of(rendered, case_id)
     assert verify(install(tmp_path, rendered, case_id)) == (0, "")

@@ -39,9 +39,10 @@ EXIT_NOT_FOUND = 127
 
 # The request flags of explain/exec, options with underscores (units write them in this order).
 REQUEST_FLAGS = ("node", "gpus", "model_size", "model", "memory_headroom", "smt", "reserve_cpus", "scope",
-                 "instances", "instance", "policy", "on_unfit", "page_cache", "port_base", "anchors")
-# Those the planner's Request takes; model and page_cache are handled around it.
-REQUEST_OPTIONS = tuple(flag for flag in REQUEST_FLAGS if flag not in ("model", "page_cache"))
+                 "instances", "instance", "policy", "on_unfit", "page_cache", "replica_dir", "port_base", "anchors")
+# Those the planner's Request takes; the model's page cache is handled around it.
+REQUEST_OPTIONS = tuple(flag for flag in REQUEST_FLAGS if flag not in ("model", "page_cache", "replica_dir"))
+PAGE_CACHE_ACTIONS = ("evict", "warn", "ignore", "replicate")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -135,9 +136,13 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--port-base", type=int, help="{port} becomes port_base + instance")
     group.add_argument("--anchors", help="node of each instance in instance order, e.g. 0,1, as planned at "
                                          "deploy time from one snapshot (memory fit is still checked now)")
-    group.add_argument("--page-cache", choices=("evict", "warn", "ignore"), default=None,
+    group.add_argument("--page-cache", choices=PAGE_CACHE_ACTIONS, default=None,
                        help="model pages cached on a remote node: drop them so the server re-reads them "
-                            "locally (evict, the default when binding), only report (warn), or ignore")
+                            "locally (evict, the default when binding), only report (warn), ignore, or give "
+                            "the server a copy of each --model file for its nodes (replicate: needed when "
+                            "instances on several nodes map one model)")
+    group.add_argument("--replica-dir", help="where replicate keeps the per-node copies (default: the unit's "
+                                             "$STATE_DIRECTORY)")
 
 
 # --- requests -------------------------------------------------------------
@@ -200,6 +205,8 @@ def run_explain(args: argparse.Namespace, _server_argv: List[str]) -> int:
         except NumaError as exc:  # the plan stands; only the look at the cache failed
             result["page_cache"] = {"error": str(exc)}
         result["page_cache"]["action"] = _page_cache_action(args.page_cache, placement.policy)
+        if result["page_cache"]["action"] == "replicate":
+            result["page_cache"]["replicas"] = _replica_paths(args.model, placement, args.replica_dir)
     _print_json(result)
     return 0
 
@@ -208,9 +215,18 @@ def run_exec(args: argparse.Namespace, server_argv: List[str]) -> int:
     topology, placement = _plan("/", args)
     # Placement first: a page the scan faults in is then read under the plan's policy.
     notes = _apply(placement, topology, args.best_effort)
-    if args.model:
-        notes.extend(_settle_page_cache(args.model, placement, _page_cache_action(args.page_cache, placement.policy)))
     argv = substitute_tokens(server_argv, placement.to_dict())
+    models = args.model
+    action = _page_cache_action(args.page_cache, placement.policy)
+    if models and action == "replicate":
+        action = "evict"  # of the copies; of the shared files if they cannot be made
+        try:
+            models, argv, replicated = _replicate(models, argv, placement, args.replica_dir)
+            notes.extend(replicated)
+        except NumaError as exc:
+            notes.append("page cache: NOT replicated, the server maps the shared model: %s" % exc)
+    if models:
+        notes.extend(_settle_page_cache(models, placement, action))
     os.environ.update(placement.env)
     _say("%s%s; exec %s" % (placement.summary(), "".join("; " + note for note in notes), argv[0]))
     try:
@@ -291,6 +307,31 @@ def _page_cache_action(choice: Optional[str], policy: str) -> str:
     if choice:
         return choice
     return "evict" if policy == "bind" else "warn"
+
+
+def _replicate(models: List[str], argv: List[str], placement: Plan,
+               replica_dir: Optional[str]) -> Tuple[List[str], List[str], List[str]]:
+    """(the copies, the server argv naming them, notes): one copy of each model per node set."""
+    from .replica import ensure_replica, point_at_replicas, replica_root
+
+    root = replica_root(replica_dir)
+    replicas = {}
+    notes = []
+    for source in models:
+        copy, copied = ensure_replica(source, root, placement.mem_nodes)
+        replicas[source] = copy
+        notes.append("page cache: %s %s" % ("copied the model to" if copied else "the model's copy is", copy))
+    return list(replicas.values()), point_at_replicas(argv, replicas), notes
+
+
+def _replica_paths(models: List[str], placement: Plan, replica_dir: Optional[str]) -> Dict[str, Any]:
+    from .replica import replica_path, replica_root
+
+    try:
+        root = replica_root(replica_dir)
+    except NumaError as exc:
+        return {"error": str(exc)}
+    return {source: replica_path(root, source, placement.mem_nodes) for source in models}
 
 
 def _settle_page_cache(models: List[str], placement: Plan, action: str) -> List[str]:
