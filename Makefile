@@ -8,7 +8,7 @@ COLLECTION_LINK := build/ansible_collections/inferops/numa
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs hwloc numactl systemd openssh-client \
 	build-essential curl util-linux
 LAB_STAMP := $(VENV)/.lab-installed
-MOLECULE_SCENARIOS := default single-node
+MOLECULE_SCENARIOS := default single-node llama
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
@@ -46,7 +46,7 @@ unit: venv apt
 test: unit lint sanity molecule
 
 # Each scenario boots the QEMU lab guest (image built once, cached in ~/.cache/inferops-numa).
-molecule: venv apt
+molecule: lab-venv apt
 	@for scenario in $(MOLECULE_SCENARIOS); do \
 	  echo "== molecule test -s $$scenario"; \
 	  $(BIN)/molecule test -s $$scenario || exit 1; \
@@ -67,8 +67,9 @@ demo: lab-venv apt
 demo-down: venv
 	$(BIN)/python lab/demo.py down
 
-bench: venv apt
-	cd bench && ../$(BIN)/python facts_bench.py && ../$(BIN)/python pin_bench.py && ../$(BIN)/python cost_bench.py
+bench: lab-venv apt
+	cd bench && ../$(BIN)/python facts_bench.py && ../$(BIN)/python pin_bench.py && ../$(BIN)/python cost_bench.py \
+	  && ../$(BIN)/python llama_bench.py
 
 clean:
 	rm -rf build $(VENV) tests/output
