@@ -70,11 +70,24 @@ def instance_rows(vm: dict):
     for unit in sorted(units):
         name = unit[:-len(".service")]
         plan = json.loads(labvm.run_ssh(vm, "cat /etc/inferops-numa/%s.plan.json" % name).stdout)
+        # Tokens first: making them reads every weight, so the audit then sees the whole model.
+        tokens = _tokens_per_second(vm, plan.get("port"))
         audit = labvm.run_ssh(vm, "/usr/local/bin/numa-pin audit --unit %s --plan-json "
                                   "/etc/inferops-numa/%s.plan.json" % (unit, name), check=False)
         report = json.loads(audit.stdout) if audit.stdout.strip() else {}
         yield (name, ",".join(str(n) for n in plan["mem_nodes"]), plan["cpulist"], plan["policy"],
-               str(plan["threads"]), _percent(report.get("local_percent")), str(plan.get("port")))
+               str(plan["threads"]), _percent(report.get("local_percent")), _percent(report.get("file_local_percent")),
+               str(plan.get("port")), tokens)
+
+
+def _tokens_per_second(vm: dict, port) -> str:
+    """Ask the instance for 16 tokens; its own timings say how fast they came."""
+    body = json.dumps({"prompt": "The socket link costs", "n_predict": 16, "ignore_eos": True})
+    answer = labvm.run_ssh(vm, "curl -sf --max-time 120 http://127.0.0.1:%s/completion -d '%s'" % (port, body),
+                           check=False)
+    if answer.returncode != 0:
+        return "no answer"
+    return "%.1f" % json.loads(answer.stdout)["timings"]["predicted_per_second"]
 
 
 def _percent(value) -> str:
@@ -82,7 +95,8 @@ def _percent(value) -> str:
 
 
 def print_table(rows):
-    header = ("instance", "node(s)", "cpus", "policy", "threads", "local pages", "port")
+    header = ("instance", "node(s)", "cpus", "policy", "threads", "local pages", "model pages local", "port",
+              "tokens/s")
     rows = [header] + list(rows)
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     for row in rows:

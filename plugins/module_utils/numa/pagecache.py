@@ -106,7 +106,8 @@ def evict_remote(path: str, local_nodes: Collection[int], proc_root: str = "/pro
             warnings.append(reason)
         else:
             before, requested = _evict(fd, size, local)
-            after = _tally(_scan(fd, size, WINDOW_BYTES))[1]
+            # Nothing asked to leave: nothing moved, and a second scan would double the cost.
+            after = _tally(_scan(fd, size, WINDOW_BYTES))[1] if requested else before
             reason = None
     finally:
         os.close(fd)
