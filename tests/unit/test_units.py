@@ -474,7 +474,10 @@ def test_tokens_are_replaced_exactly():
 def test_plan_record_drops_what_moves_between_runs():
     record = systemd.plan_record(PLAN_NODE1)
     assert "available_bytes" not in record and "reasons" not in record
-    assert record["cpulist"] == "28-31" and record["port"] == 8081
+    assert record["cpulist"] == "28-31" and record["port"] == 8081 and record["node"] == 1
+    spread_from_0 = dict(PLAN_NODE1, policy="interleave", mem_nodes=[0, 1], node=0)
+    spread_from_1 = dict(spread_from_0, node=1)
+    assert systemd.plan_record(spread_from_0) == systemd.plan_record(spread_from_1)
 
 
 def test_systemd_version_is_read_from_systemctl():

@@ -187,8 +187,16 @@ def request_flags(request: Mapping[str, Any]) -> List[str]:
 
 
 def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
-    """The stable part of a Plan, written next to the unit and compared between runs."""
-    return dict((key, plan[key]) for key in PLAN_RECORD_KEYS if key in plan)
+    """The stable part of a Plan, written next to the unit and compared between runs.
+
+    A plan spread over several nodes places nothing by its ``node``: that is only the node
+    the set grew from, picked by a few MiB of free memory that the running instance itself
+    changes. Recording it would restart the instance whenever another node scored better.
+    """
+    record = dict((key, plan[key]) for key in PLAN_RECORD_KEYS if key in plan)
+    if len(plan.get("mem_nodes") or ()) > 1:
+        record.pop("node", None)
+    return record
 
 
 def parse_systemd_version(text: str) -> int:
