@@ -90,6 +90,15 @@ def plan_or_none(topology, request):
         return None
 
 
+def drawn_plan(data, **request_options):
+    """A drawn topology, a drawn request on it and its plan; examples the planner refuses are skipped."""
+    topology = data.draw(topologies())
+    request = data.draw(requests(topology, **request_options))
+    result = plan_or_none(topology, request)
+    assume(result is not None)
+    return topology, request, result
+
+
 # ---------------------------------------------------------------- oracles ---
 
 def usable(topology, request):
@@ -128,10 +137,7 @@ def base_nodes(topology, request, anchor, candidates):
 @SETTINGS
 @given(st.data())
 def test_every_plan_respects_cpusets_reservations_and_node_sets(data):
-    topology = data.draw(topologies())
-    request = data.draw(requests(topology))
-    result = plan_or_none(topology, request)
-    assume(result is not None)
+    topology, request, result = drawn_plan(data)
     candidates = usable(topology, request)
     cpu_owner = {cpu: node["id"] for node in topology["nodes"] for cpu in node["cpus"]}
     assert result.cpus and result.cpus == sorted(set(result.cpus))
@@ -151,10 +157,8 @@ def test_every_plan_respects_cpusets_reservations_and_node_sets(data):
 @SETTINGS
 @given(st.data())
 def test_bind_only_when_it_fits_and_interleave_only_over_a_fitting_set(data):
-    topology = data.draw(topologies())
-    request = data.draw(requests(topology))
-    result = plan_or_none(topology, request)
-    assume(result is not None and result.required_bytes is not None)
+    topology, _request, result = drawn_plan(data)
+    assume(result.required_bytes is not None)
     if result.policy in ("bind", "interleave", "weighted-interleave"):
         assert result.required_bytes <= result.available_bytes
     if result.policy == "weighted-interleave":
@@ -230,10 +234,7 @@ def test_the_gpu_local_node_is_chosen_when_it_fits(data):
 @SETTINGS
 @given(st.data())
 def test_smt_off_hands_out_one_cpu_per_core(data):
-    topology = data.draw(topologies())
-    request = data.draw(requests(topology, smt=False))
-    result = plan_or_none(topology, request)
-    assume(result is not None)
+    topology, _request, result = drawn_plan(data, smt=False)
     core_of = {cpu: tuple(group) for group in topology["cpus"]["siblings"] for cpu in group}
     cores = [core_of[cpu] for cpu in result.cpus]
     assert len(cores) == len(set(cores))
