@@ -124,3 +124,44 @@ def test_down_never_kills_a_pid_that_is_not_this_vms_qemu(cache):
 def test_instance_of_a_stopped_vm_names_the_fix(cache):
     with pytest.raises(labvm.LabError, match="labvm.py up --name gone"):
         labvm.instance("gone")
+
+
+class _Proc:
+    def __init__(self, stdout):
+        self.stdout, self.returncode = stdout, 0
+
+
+def test_calibration_scales_budgets_by_the_slower_of_its_two_timings(monkeypatch):
+    reference = labvm.REFERENCE_CALIBRATION
+    slow_start = "%.4f %.4f" % (3 * reference["python_start_s"], reference["cpu_loop_s"])
+    monkeypatch.setattr(labvm, "run_ssh", lambda ref, command, timeout, check=True: _Proc(slow_start))
+    calibration = labvm.calibrate({"instance": "vm1"})
+    assert calibration["factor"] == 3.0
+    info = {"instance": "vm1", "calibration": calibration}
+    assert labvm.budget(info, 20) == labvm.BUDGET_MARGIN * 20 * 3.0
+
+
+def test_a_fast_guest_keeps_the_reference_budget(monkeypatch):
+    fast = "0.0100 0.0100"
+    monkeypatch.setattr(labvm, "run_ssh", lambda ref, command, timeout, check=True: _Proc(fast))
+    info = {"instance": "vm1", "calibration": labvm.calibrate({"instance": "vm1"})}
+    assert labvm.budget(info, 20) == labvm.BUDGET_MARGIN * 20
+
+
+def test_a_calibration_that_prints_garbage_names_the_fix(monkeypatch):
+    monkeypatch.setattr(labvm, "run_ssh", lambda ref, command, timeout, check=True: _Proc("Traceback ..."))
+    with pytest.raises(labvm.LabError, match="not two durations"):
+        labvm.calibrate({"instance": "vm1"})
+
+
+def test_the_calibration_workload_runs_and_prints_two_durations():
+    out = subprocess.run([sys.executable, "-I", "-c", labvm.CALIBRATION_SCRIPT], capture_output=True,
+                         text=True, check=True, timeout=120).stdout.split()
+    assert len(out) == 2 and all(float(word) > 0 for word in out)
+
+
+def test_relayout_to_the_same_topology_keeps_the_running_guest(cache, monkeypatch):
+    info = {"instance": "vm1", "numa": 2}
+    monkeypatch.setattr(labvm, "instance", lambda name: info)
+    monkeypatch.setattr(labvm, "_power_off", lambda *args: pytest.fail("must not power off"))
+    assert labvm.relayout("vm1", 2) is info
