@@ -36,6 +36,31 @@ options:
       - Process IDs to audit. Mutually exclusive with O(unit).
     type: list
     elements: int
+  units:
+    description:
+      - Several systemd units in one run, each against its own plan file; the result lists one report per unit
+        in RV(units) and fails when any of them fails. Mutually exclusive with O(unit), O(pids), O(plan) and
+        O(plan_file); O(wait_seconds), O(settle_seconds) and O(root) apply to each.
+      - One module run instead of one per instance, which matters on hosts where starting Python is slow.
+    type: list
+    elements: dict
+    suboptions:
+      unit:
+        description: The unit, for example C(llama@1.service).
+        type: str
+        required: true
+      plan_file:
+        description: Its plan file, as O(plan_file). Without it the unit is only reported.
+        type: path
+      min_local_percent:
+        description: As O(min_local_percent).
+        type: float
+        default: 99
+      pages:
+        description: As O(pages).
+        type: str
+        choices: [all, anon, file]
+        default: all
   plan:
     description:
       - The plan to compare with, as returned by M(inferops.numa.numa_plan) (keys C(policy), C(mem_nodes), and
@@ -106,6 +131,14 @@ EXAMPLES = r"""
     plan_file: /etc/inferops-numa/llama@1.plan.json
     wait_seconds: 300
 
+- name: Audit every instance of two services in one run
+  inferops.numa.numa_audit:
+    units:
+      - {unit: llama@0.service, plan_file: /etc/inferops-numa/llama@0.plan.json}
+      - {unit: llama@1.service, plan_file: /etc/inferops-numa/llama@1.plan.json}
+      - {unit: embed@0.service, plan_file: /etc/inferops-numa/embed@0.plan.json, pages: anon}
+    wait_seconds: 300
+
 - name: Report where a process's memory is, without judging it
   inferops.numa.numa_audit:
     pids: [4242]
@@ -137,9 +170,17 @@ unit:
   description: The audited unit.
   returned: when O(unit) is given
   type: str
+units:
+  description: With O(units), one report per unit, in the order given; each has the keys C(unit), C(ok),
+    C(msg) and, when the unit could be read, the other keys returned for a single O(unit).
+  returned: when O(units) is given
+  type: list
+  elements: dict
+  sample: [{"unit": "llama@0.service", "ok": true, "local_percent": 100.0,
+            "msg": "llama@0.service: PID(s) 912: 140.1 MiB resident, 100.00% of anon + file on node(s) 0"}]
 processes:
   description: One entry per audited process.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: list
   elements: dict
   contains:
@@ -187,7 +228,7 @@ processes:
       type: float
 nodes:
   description: Totals over all processes, per node id, with the keys of C(processes[].nodes).
-  returned: always
+  returned: with O(unit) or O(pids)
   type: dict
   sample: {"0": {"anon_bytes": 0, "file_bytes": 8192, "code_bytes": 0, "anon_pages": 0, "file_pages": 2,
                  "code_pages": 0},
@@ -195,58 +236,58 @@ nodes:
                  "file_pages": 8455, "code_pages": 120}}
 resident_bytes:
   description: Total resident bytes of all processes.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: int
 local_percent:
   description: Share of the selected pages (O(pages)) on the plan's memory nodes; null without a plan or memory.
     This is the number O(min_local_percent) is compared with.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: float
   sample: 99.98
 remote_percent:
   description: 100 - local_percent.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: float
 anon_local_percent:
   description: Local share of anonymous pages.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: float
 file_local_percent:
   description: Local share of file-backed data pages.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: float
 code_local_percent:
   description: Local share of program and library code (reported, never enforced).
-  returned: always
+  returned: with O(unit) or O(pids)
   type: float
 interleave_percent:
   description: For interleave plans, the share of each node of the interleave set in the memory on that set.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: dict
   sample: {"0": 50.1, "1": 49.9}
 expected_mem_nodes:
   description: The plan's memory nodes.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: list
   elements: int
   sample: [1]
 expected_cpus:
   description: The plan's CPUs as a list string.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: str
   sample: 28-55,84-111
 policy:
   description: The plan's memory policy.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: str
   sample: bind
 pages:
   description: The O(pages) selection used for local_percent.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: str
 min_local_percent:
   description: The threshold used.
-  returned: always
+  returned: with O(unit) or O(pids)
   type: float
 """
 
@@ -258,12 +299,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import au
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 
-def _load_plan(module: AnsibleModule):
-    if module.params["plan"] is not None:
-        return module.params["plan"]
-    path = module.params["plan_file"]
-    if path is None:
-        return None
+def _read_plan_file(path):
     try:
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
@@ -274,10 +310,39 @@ def _load_plan(module: AnsibleModule):
         raise NumaError("cannot read plan file %s: %s" % (path, exc))
 
 
+def _load_plan(module: AnsibleModule):
+    if module.params["plan"] is not None:
+        return module.params["plan"]
+    path = module.params["plan_file"]
+    return None if path is None else _read_plan_file(path)
+
+
 def _run(module: AnsibleModule):
     def run(argv):
         return module.run_command(argv)
     return run
+
+
+def _audit_units(module: AnsibleModule):
+    """Every entry of units in turn; a unit that cannot be read is a failed report, not the end of the run."""
+    params = module.params
+    reports = []
+    for entry in params["units"]:
+        try:
+            plan = None if entry["plan_file"] is None else _read_plan_file(entry["plan_file"])
+            report = audit_unit(params["root"], entry["unit"], plan, entry["min_local_percent"], entry["pages"],
+                                params["wait_seconds"], params["settle_seconds"], run=_run(module))
+        except NumaError as exc:
+            report = {"unit": entry["unit"], "ok": False, "msg": str(exc), "warnings": []}
+        for warning in report.pop("warnings", []):
+            module.warn(warning)
+        reports.append(report)
+    failed = [report["msg"] for report in reports if not report["ok"]]
+    result = {"ok": not failed, "units": reports,
+              "msg": "; ".join(failed) if failed else "%d unit(s) audited, all ok" % len(reports)}
+    if failed:
+        module.fail_json(**result)
+    module.exit_json(changed=False, **result)
 
 
 def main() -> None:
@@ -285,6 +350,12 @@ def main() -> None:
         argument_spec={
             "unit": {"type": "str"},
             "pids": {"type": "list", "elements": "int"},
+            "units": {"type": "list", "elements": "dict", "options": {
+                "unit": {"type": "str", "required": True},
+                "plan_file": {"type": "path"},
+                "min_local_percent": {"type": "float", "default": 99.0},
+                "pages": {"type": "str", "choices": ["all", "anon", "file"], "default": "all"},
+            }},
             "plan": {"type": "dict"},
             "plan_file": {"type": "path"},
             "min_local_percent": {"type": "float", "default": 99.0},
@@ -293,11 +364,14 @@ def main() -> None:
             "settle_seconds": {"type": "float", "default": 3.0},
             "root": {"type": "path", "default": "/"},
         },
-        mutually_exclusive=[("unit", "pids"), ("plan", "plan_file")],
-        required_one_of=[("unit", "pids")],
+        mutually_exclusive=[("unit", "pids", "units"), ("plan", "plan_file"), ("units", "plan"),
+                            ("units", "plan_file")],
+        required_one_of=[("unit", "pids", "units")],
         supports_check_mode=True,
     )
     params = module.params
+    if params["units"]:
+        _audit_units(module)
     try:
         plan = _load_plan(module)
         if params["unit"]:

@@ -83,6 +83,13 @@ options:
     description: Plan for the machine whose C(sys/) and C(proc/) are under this directory.
     type: path
     default: /
+  record_file:
+    description:
+      - A plan record a deployment wrote, such as C(/etc/inferops-numa/llama@1.plan.json). The module reads it
+        (never writes it) and returns RV(record) and whether the file already holds it (RV(record_current)), so a
+        role writes, and restarts for, only the records that changed.
+      - A file that is missing, unreadable, a symlink, not owned by root or writable by others is not current.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -159,6 +166,21 @@ plan:
     inputs:
       description: The request as the planner saw it.
       type: dict
+record:
+  description: The stable part of the plan that a deployment records and compares between runs (no reasons).
+  returned: success
+  type: dict
+  sample: {"policy": "bind", "mem_nodes": [1], "cpu_nodes": [1], "node": 1, "cpulist": "2-3", "threads": 2}
+record_current:
+  description: Whether O(record_file) already holds RV(record); false without O(record_file).
+  returned: success
+  type: bool
+  sample: true
+topology_warnings:
+  description: What the topology reader found odd on this host (each also in the facts' C(warnings)).
+  returned: success
+  type: list
+  elements: str
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -166,6 +188,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import build_request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.systemd import plan_record, record_is_current
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 ARGUMENT_SPEC = {
@@ -184,6 +207,7 @@ ARGUMENT_SPEC = {
     "port_base": {"type": "int"},
     "anchors": {"type": "str"},
     "root": {"type": "path", "default": "/"},
+    "record_file": {"type": "path"},
 }
 
 
@@ -194,7 +218,11 @@ def main() -> None:
         placement = plan(topology, build_request(module.params))
     except NumaError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, plan=placement.to_dict(), topology_warnings=topology["warnings"])
+    result = placement.to_dict()
+    record = plan_record(result)
+    current = module.params["record_file"] is not None and record_is_current(module.params["record_file"], record)
+    module.exit_json(changed=False, plan=result, record=record, record_current=current,
+                     topology_warnings=topology["warnings"])
 
 
 if __name__ == "__main__":

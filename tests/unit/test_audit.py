@@ -394,6 +394,46 @@ def test_module_wants_unit_or_pids(capsys):
     assert "mutually exclusive" in result["msg"]
 
 
+def _fake_audit_unit(outcomes, seen):
+    def audit_unit(root, unit, plan, min_local_percent, pages, wait_seconds, settle_seconds, run):
+        seen.append((unit, plan, min_local_percent, pages, wait_seconds))
+        ok = outcomes[unit]
+        return {"unit": unit, "ok": ok, "msg": "%s: %s" % (unit, "fine" if ok else "12.00% local, below 99"),
+                "warnings": []}
+    return audit_unit
+
+
+def test_module_audits_several_units_in_one_run_and_names_each_failure(tmp_path, capsys, monkeypatch):
+    plan_file = tmp_path / "a@0.plan.json"
+    plan_file.write_text(json.dumps(BIND1))
+    seen = []
+    monkeypatch.setattr(numa_audit, "audit_unit", _fake_audit_unit(
+        {"a@0.service": True, "b@0.service": False, "c@0.service": True}, seen))
+    result = run_module({"units": [
+        {"unit": "a@0.service", "plan_file": str(plan_file)},
+        {"unit": "b@0.service", "pages": "anon", "min_local_percent": 90},
+        {"unit": "c@0.service", "plan_file": str(tmp_path / "absent.json")},
+    ], "wait_seconds": 7}, capsys)
+    assert result["failed"] is True and result["ok"] is False
+    assert [report["unit"] for report in result["units"]] == ["a@0.service", "b@0.service", "c@0.service"]
+    assert [report["ok"] for report in result["units"]] == [True, False, False]
+    assert "b@0.service: 12.00% local" in result["msg"] and "absent.json does not exist" in result["msg"]
+    # c's plan file is missing, so it is not audited at all; the others get their own settings
+    assert seen == [("a@0.service", BIND1, 99.0, "all", 7), ("b@0.service", None, 90.0, "anon", 7)]
+
+
+def test_module_passes_when_every_unit_passes(capsys, monkeypatch):
+    monkeypatch.setattr(numa_audit, "audit_unit", _fake_audit_unit({"a@0.service": True, "a@1.service": True}, []))
+    result = run_module({"units": [{"unit": "a@0.service"}, {"unit": "a@1.service"}]}, capsys)
+    assert result.get("failed") is not True and result["ok"] is True and result["changed"] is False
+    assert result["msg"] == "2 unit(s) audited, all ok"
+
+
+def test_module_refuses_units_beside_one_plan(capsys):
+    result = run_module({"units": [{"unit": "a@0.service"}], "plan": BIND1}, capsys)
+    assert "mutually exclusive" in result["msg"]
+
+
 # --- the real thing: this very process on this host ----------------------------------------------
 
 def test_auditing_this_process_on_this_host():

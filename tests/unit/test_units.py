@@ -480,6 +480,26 @@ def test_plan_record_drops_what_moves_between_runs():
     assert systemd.plan_record(spread_from_0) == systemd.plan_record(spread_from_1)
 
 
+def test_a_record_is_current_only_when_root_wrote_exactly_it(tmp_path):
+    record = systemd.plan_record(PLAN_NODE1)
+    path = tmp_path / "llama@1.plan.json"
+    assert not systemd.record_is_current(str(path), record)  # missing
+    path.write_text(json.dumps(record, indent=4) + "\n")
+    os.chmod(str(path), 0o644)
+    if os.geteuid() == 0:
+        assert systemd.record_is_current(str(path), record)  # formatting does not matter, content does
+    assert not systemd.record_is_current(str(path), dict(record, cpulist="0-3"))
+    os.chmod(str(path), 0o666)
+    assert not systemd.record_is_current(str(path), record)  # writable by others: rewrite it
+    os.chmod(str(path), 0o644)
+    link = tmp_path / "link.plan.json"
+    link.symlink_to(path)
+    assert not systemd.record_is_current(str(link), record)
+    path.write_text("{not json")
+    assert not systemd.record_is_current(str(path), record)
+    assert not systemd.record_is_current(str(tmp_path), record)  # a directory
+
+
 def test_systemd_version_is_read_from_systemctl():
     assert systemd.parse_systemd_version("systemd 252 (252.39-1~deb12u2)\n+PAM +AUDIT") == 252
     with pytest.raises(NumaError, match="cannot read the systemd version"):

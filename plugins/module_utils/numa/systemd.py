@@ -13,7 +13,10 @@ substitution the wrapper does at start (done at deploy time in ``pin_mode:
 systemd``), and the ``CPUAffinity=``/``NUMAPolicy=``/``NUMAMask=`` a Plan maps to.
 """
 
+import json
+import os
 import re
+import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cli import REQUEST_FLAGS
@@ -197,6 +200,28 @@ def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
     if len(plan.get("mem_nodes") or ()) > 1:
         record.pop("node", None)
     return record
+
+
+def record_is_current(path: str, record: Mapping[str, Any]) -> bool:
+    """Whether the plan record file at path holds exactly this record, as root wrote it.
+
+    Anything else (missing, unreadable, not JSON, a symlink, not a regular file, owned by another
+    user, writable by group or others) is not current, so the caller writes it again.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            return False
+        written = json.loads(os.read(fd, 1 << 20).decode("utf-8"))
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+    return written == json.loads(json.dumps(record))
 
 
 def parse_systemd_version(text: str) -> int:
