@@ -1,47 +1,27 @@
 """The dual-socket lab guest after site.yml: every claim read back from the kernel.
 
 Runs on the controller (molecule verify, testinfra over SSH). Placement is checked
-through the guest's own /sys, /proc/<pid>/status and /proc/<pid>/numa_maps (the
-stand-in server reports its numa_maps per node on /health), never through our
-plan files.
+through the guest's own /sys, /proc/<pid>/status and /proc/<pid>/numa_maps, parsed
+here (the stand-in server reports its own on /health), never through our plan files.
 """
 
 import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
-LABVM = os.path.join(os.environ.get("MOLECULE_PROJECT_DIRECTORY", "."), "lab", "labvm.py")
-VM_NAME = "molecule-" + os.environ.get("MOLECULE_SCENARIO_NAME", "default")
-INSTANCES = {"lab-cpu@0": 8080, "lab-cpu@1": 8081, "lab-big@0": 8090, "lab-gpu@0": 8095}
+from conftest import (COST_REPORT_S, NUMA_PIN, PROJECT, UNIT_SETTLE_S, VM_NAME, budget, health, labvm,
+                      node_cpus, placement, share, unit_state, wait_active, wait_until)
 
+pytestmark = pytest.mark.usefixtures("two_nodes")
 
-def node_cpus(host, node):
-    return host.file("/sys/devices/system/node/node%d/cpulist" % node).content_string.strip()
-
-
-def health(host, port):
-    result = host.run("curl -sf --max-time 20 http://127.0.0.1:%d/health" % port)
-    assert result.rc == 0, "no /health on port %d: %s" % (port, result.stderr)
-    return json.loads(result.stdout)
-
-
-def share(pages, node):
-    total = sum(pages.values())
-    return pages.get("N%d" % node, 0) / float(total) if total else 0.0
-
-
-def wait_active(host, units, seconds=420):
-    deadline = time.time() + seconds
-    pending = list(units)
-    while pending and time.time() < deadline:
-        pending = [u for u in pending if host.run("systemctl is-active %s" % u).stdout.strip() != "active"]
-        if pending:
-            time.sleep(5)
-    assert not pending, "not active: %s" % pending
+# The real servers (converge.yml) and the stand-in next to the "GPU" (vars/lab_services.yml).
+PER_NODE = {"llama@0": 0, "llama@1": 1}
+INTERLEAVED = "llama-big@0"
+NEXT_TO_GPU = ("lab-gpu@0", 8095)
+UNITS = sorted(PER_NODE) + [INTERLEAVED, NEXT_TO_GPU[0]]
 
 
 def test_numa_balancing_off_and_persisted(host):
@@ -54,55 +34,59 @@ def test_guest_has_two_nodes_and_no_numactl(host):
     assert not host.exists("numactl")
 
 
-@pytest.mark.parametrize("node", [0, 1])
-def test_per_node_instance_is_on_its_node(host, node):
-    state = health(host, 8080 + node)
-    assert state["cpus_allowed_list"] == node_cpus(host, node)
-    assert state["numa_maps_policy"] == "bind:%d" % node
-    assert share(state["pages_per_node"], node) >= 0.99, state["pages_per_node"]
+@pytest.mark.parametrize("unit", sorted(PER_NODE))
+def test_per_node_instance_is_on_its_node(host, unit):
+    node = PER_NODE[unit]
+    where = placement(host, unit + ".service")
+    assert where["cpus"] == node_cpus(host, node)
+    assert where["policies"] == {"bind:%d" % node}, where["policies"]
+    assert share(where["anon"], node) >= 0.99, where["anon"]
 
 
 def test_oversized_instance_is_interleaved_evenly(host):
-    state = health(host, 8090)
-    pages = state["weights_pages_per_node"]
-    assert state["numa_maps_policy"].startswith("interleave:")
+    where = placement(host, INTERLEAVED + ".service")
+    assert where["policies"] == {"interleave:0-1"}, where["policies"]
     for node in (0, 1):
-        assert 0.40 <= share(pages, node) <= 0.60, pages
+        assert 0.40 <= share(where["anon"], node) <= 0.60, where["anon"]
 
 
 def test_gpu_instance_runs_next_to_the_display_device(host):
     assert host.file("/sys/bus/pci/devices/0000:81:00.0/numa_node").content_string.strip() == "1"
-    state = health(host, 8095)
+    state = health(host, NEXT_TO_GPU[1])
     assert state["cpus_allowed_list"] == node_cpus(host, 1)
     assert share(state["pages_per_node"], 1) >= 0.99, state["pages_per_node"]
 
 
-@pytest.mark.parametrize("unit, port", sorted(INSTANCES.items()))
-def test_server_pid_is_systemds_main_pid(host, unit, port):
-    main_pid = int(host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip())
-    assert health(host, port)["pid"] == main_pid  # numa-pin exec'd the server, it did not fork
+@pytest.mark.parametrize("unit", UNITS)
+def test_server_pid_is_systemds_main_pid(host, unit):
+    # numa-pin exec'd the server, it did not fork: the unit's main process is the server itself.
+    where = placement(host, unit + ".service")
+    if unit == NEXT_TO_GPU[0]:
+        assert health(host, NEXT_TO_GPU[1])["pid"] == where["pid"]
+    else:
+        assert where["comm"] == "llama-server", where
 
 
-@pytest.mark.parametrize("unit", sorted(INSTANCES))
-def test_units_verify_clean(host, unit):
-    result = host.run("systemd-analyze verify %s.service" % unit)
+def test_units_verify_clean(host):
+    result = host.run("systemd-analyze verify %s" % " ".join("%s.service" % unit for unit in UNITS))
     assert result.rc == 0 and not result.stderr.strip(), result.stderr
 
 
 def test_audit_module_agrees(host):
-    result = host.run("/usr/local/bin/numa-pin audit --unit lab-cpu@1.service "
-                      "--plan-json /etc/inferops-numa/lab-cpu@1.plan.json --pages anon")
+    result = host.run("%s audit --unit lab-gpu@0.service --plan-json /etc/inferops-numa/lab-gpu@0.plan.json "
+                      "--pages anon" % NUMA_PIN)
     assert result.rc == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["ok"] is True
 
 
 def failed_start_journal(host, unit, properties, helper_args):
-    """Start numa-pin as a transient unit that must fail; return its journal."""
-    host.run("systemctl reset-failed %s.service" % unit)
-    host.run("systemd-run --unit=%s --property=Type=exec %s /usr/local/bin/numa-pin exec %s -- /bin/sleep 600"
-             % (unit, " ".join("--property=" + p for p in properties), helper_args))
-    time.sleep(10)
-    assert host.run("systemctl is-active %s.service" % unit).stdout.strip() != "active"
+    """Start numa-pin as a transient unit that must fail; return its journal once it has."""
+    host.run("systemctl stop %s.service; systemctl reset-failed %s.service" % (unit, unit))
+    started = host.run("systemd-run --unit=%s --property=Type=exec %s %s exec %s -- /bin/sleep 600"
+                       % (unit, " ".join("--property=" + p for p in properties), NUMA_PIN, helper_args))
+    assert started.rc == 0, started.stderr
+    wait_until(lambda: unit_state(host, unit + ".service") in ("failed", "inactive"), UNIT_SETTLE_S,
+               "%s.service failing" % unit)
     return host.run("journalctl -u %s.service --no-pager" % unit).stdout
 
 
@@ -117,23 +101,23 @@ def test_cpuset_without_the_node_is_a_clear_error(host):
 
 
 def test_after_reboot_balancing_stays_off_and_services_return(host):
-    subprocess.run([sys.executable, LABVM, "reboot-wait", VM_NAME], check=True, timeout=900)
+    labvm.reboot_wait(VM_NAME)
     assert host.sysctl("kernel.numa_balancing") == 0
-    wait_active(host, ["%s.service" % unit for unit in INSTANCES])
-    for node in (0, 1):
-        state = health(host, 8080 + node)
-        assert state["cpus_allowed_list"] == node_cpus(host, node)
-        assert share(state["pages_per_node"], node) >= 0.99
+    wait_active(host, ["%s.service" % unit for unit in UNITS])
+    for unit, node in sorted(PER_NODE.items()):
+        where = placement(host, unit + ".service")
+        assert where["cpus"] == node_cpus(host, node) and where["policies"] == {"bind:%d" % node}
+        assert share(where["anon"], node) >= 0.99, where["anon"]
 
 
 def test_cost_report_measures_the_2x2_matrix_next_to_slit(tmp_path):
     """numa_cost in the guest through the fleet playbook; the report says which figures are measured."""
-    project = os.environ["MOLECULE_PROJECT_DIRECTORY"]
     playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-                    os.path.join(project, "playbooks", "cost_report.yml"),
-                    "-e", "numa_cost_report_dir=%s" % tmp_path, "-e", "numa_cost_max_seconds=240"],
-                   check=True, timeout=900, cwd=project)
+                    os.path.join(PROJECT, "playbooks", "cost_report.yml"),
+                    "-e", "numa_cost_report_dir=%s" % tmp_path,
+                    "-e", "numa_cost_max_seconds=%d" % budget(COST_REPORT_S)],
+                   check=True, timeout=budget(COST_REPORT_S) * 2, cwd=PROJECT)
     markdown = (tmp_path / "cost_report.md").read_text()
     html = (tmp_path / "cost_report.html").read_text()
     assert "1 host(s), 1 host type(s)." in markdown  # the guest produced a result

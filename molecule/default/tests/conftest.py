@@ -1,0 +1,140 @@
+"""What the lab's checks share: the guest, waits scaled to its speed, and its NUMA layout.
+
+Every wait here polls for the state it needs and gives up only after a budget: a duration measured
+on the reference machine, scaled by the calibration labvm.py took at this boot of the guest, times
+labvm.BUDGET_MARGIN. No check depends on how fast the emulator happens to be.
+
+A test states the layout it needs (fixtures two_nodes, one_node); switching boots the same disk
+with the other topology and runs converge.yml again, as an operator would after a hardware change.
+So tests hold in any order; in file order the guest switches once, at the end.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY",
+                         os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+                             os.path.abspath(__file__))))))
+sys.path.insert(0, os.path.join(PROJECT, "lab"))
+import labvm  # noqa: E402  (lab/ is not a package)
+
+VM_NAME = "molecule-" + os.environ.get("MOLECULE_SCENARIO_NAME", "default")
+SCENARIO_DIR = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+NUMA_PIN = "/usr/local/bin/numa-pin"
+
+# Reference durations (seconds on the reference machine) of the steps the checks wait for.
+CONVERGE_S = 300          # converge.yml after a topology change: every service re-planned
+UNIT_SETTLE_S = 30        # a unit reaching active (or failed) after a start or a boot
+COST_REPORT_S = 30        # playbooks/cost_report.yml against the guest
+
+
+def budget(reference_seconds: float) -> float:
+    return labvm.budget(VM_NAME, reference_seconds)
+
+
+def wait_until(check, reference_seconds: float, what: str, interval: float = 2.0):
+    """Poll check() until it returns a true value, which is returned; fail naming `what`."""
+    deadline = time.monotonic() + budget(reference_seconds)
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail("%s: not reached within %.0f s (%s s on the reference machine x calibration x %d)"
+                        % (what, budget(reference_seconds), reference_seconds, labvm.BUDGET_MARGIN))
+        time.sleep(interval)
+
+
+def unit_state(host, unit: str) -> str:
+    return host.run("systemctl show -p ActiveState --value %s" % unit).stdout.strip()
+
+
+def wait_active(host, units):
+    pending = list(units)
+
+    def all_active():
+        pending[:] = [unit for unit in pending if unit_state(host, unit) != "active"]
+        return not pending
+    wait_until(all_active, UNIT_SETTLE_S, "units active (still pending: %s)" % pending)
+
+
+def node_cpus(host, node: int) -> str:
+    return host.file("/sys/devices/system/node/node%d/cpulist" % node).content_string.strip()
+
+
+def health(host, port: int) -> dict:
+    """The stand-in server's own report of its placement."""
+    result = host.run("curl -sf --max-time 20 http://127.0.0.1:%d/health" % port)
+    assert result.rc == 0, "no /health on port %d: %s" % (port, result.stderr)
+    return json.loads(result.stdout)
+
+
+def share(pages: dict, node: int) -> float:
+    total = sum(pages.values())
+    return pages.get("N%d" % node, 0) / float(total) if total else 0.0
+
+
+def placement(host, unit: str) -> dict:
+    """Where the unit's main process runs and its pages are, read from the guest's /proc here.
+
+    Deliberately not numa-pin's audit code: the lab checks our code with separate code.
+    Returns pid, comm, cpus (Cpus_allowed_list), policies (every numa_maps policy seen) and
+    anon/file pages per node ({"N0": pages}).
+    """
+    pid = host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip()
+    assert pid not in ("", "0"), "%s has no main process" % unit
+    status = host.file("/proc/%s/status" % pid).content_string
+    cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()
+                if line.startswith("Cpus_allowed_list:"))
+    result = {"pid": int(pid), "comm": host.file("/proc/%s/comm" % pid).content_string.strip(), "cpus": cpus,
+              "policies": set(), "anon": {}, "file": {}}
+    for line in host.file("/proc/%s/numa_maps" % pid).content_string.splitlines():
+        words = line.split()
+        if len(words) < 2:
+            continue
+        result["policies"].add(words[1])
+        kind = "anon" if any(word.startswith("anon=") for word in words) else (
+            "file" if any(word.startswith("file=") for word in words) else None)
+        for word in words[2:]:
+            key, _, value = word.partition("=")
+            if kind and key[:1] == "N" and key[1:].isdigit() and value.isdigit():
+                result[kind][key] = result[kind].get(key, 0) + int(value)
+    return result
+
+
+def audit(host, unit: str, plan_json: str, pages: str) -> dict:
+    result = host.run("%s audit --unit %s --plan-json %s --pages %s" % (NUMA_PIN, unit, plan_json, pages))
+    assert result.stdout.strip(), result.stderr
+    return json.loads(result.stdout)
+
+
+# ------------------------------------------------------------------------- layouts ---
+
+def converge() -> None:
+    """converge.yml again, as molecule ran it (same inventory, same configuration)."""
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+                    os.path.join(SCENARIO_DIR, "converge.yml")],
+                   check=True, timeout=budget(CONVERGE_S), cwd=PROJECT)
+
+
+def ensure_layout(numa: int) -> None:
+    if labvm.instance(VM_NAME).get("numa") != numa:
+        labvm.relayout(VM_NAME, numa)
+        converge()
+
+
+@pytest.fixture
+def two_nodes():
+    ensure_layout(2)
+
+
+@pytest.fixture
+def one_node():
+    ensure_layout(1)
