@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""`make test`: every check the project has, run as timed phases that keep both cores busy.
+
+    apt ──┬── image          (background: the lab guest's disk, cached by recipe)
+          ├── llama-server   (background: compiled once, cached by recipe)
+          └── venv ── unit ── lint ── sanity ──┬── molecule (waits for image and llama-server)
+
+The two builds start as soon as their Debian packages are there, so the compile overlaps the pip
+installs and the tests; the molecule lab, the longest phase, needs both.
+
+Each phase writes build/logs/<phase>.log; foreground phases also print to the console. A failed
+phase does not stop the phases that do not need it, so one run reports every failure. The run
+ends with a table of the phases and their wall times (also in build/logs/phases.txt) and, for a
+failure, the failing checks and the log to read.
+
+Python stdlib only: it runs before the venv exists.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+REPO = Path(__file__).resolve().parent.parent
+LOGS = REPO / "build" / "logs"
+VENV_BIN = REPO / ".venv" / "bin"
+
+
+class Phase:
+    def __init__(self, name: str, argv: Sequence[str], needs: Sequence[str] = (),
+                 background: bool = False):
+        self.name, self.argv, self.needs, self.background = name, list(argv), list(needs), background
+        self.started: Optional[float] = None
+        self.ended: Optional[float] = None
+        self.status = "not run"
+        self.log = LOGS / ("%s.log" % name)
+
+    @property
+    def seconds(self) -> float:
+        if self.started is None:
+            return 0.0
+        return (self.ended or time.monotonic()) - self.started
+
+
+def phases() -> List[Phase]:
+    make = ["make", "--no-print-directory"]
+    return [
+        Phase("apt", make + ["apt"]),
+        Phase("image", [sys.executable, "lab/labvm.py", "image"], ["apt"], background=True),
+        Phase("llama-server", ["bash", "lab/llama/build_server.sh"], ["apt"], background=True),
+        Phase("venv", make + ["lab-venv"], ["apt"]),
+        Phase("unit", [str(VENV_BIN / "pytest"), "-q", "-p", "no:cacheprovider", "tests"], ["venv"]),
+        Phase("lint", [str(VENV_BIN / "ansible-lint"), "--profile", "production"], ["venv"]),
+        Phase("sanity", ["tests/sanity.sh"], ["venv"]),
+        Phase("molecule", [str(VENV_BIN / "molecule"), "test"], ["venv", "image", "llama-server"]),
+    ]
+
+
+# --------------------------------------------------------------------- running ---
+
+def run(phase: Phase, console_lock: threading.Lock) -> None:
+    phase.started = time.monotonic()
+    LOGS.mkdir(parents=True, exist_ok=True)
+    banner = "== %s: %s" % (phase.name, " ".join(phase.argv))
+    with open(str(phase.log), "w") as log:
+        log.write(banner + "\n")
+        log.flush()
+        if phase.background:
+            _say(console_lock, "%s (background, log: %s)" % (banner, _rel(phase.log)))
+            code = subprocess.call(phase.argv, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+        else:
+            _say(console_lock, banner)
+            code = _tee(phase.argv, log)
+    phase.ended = time.monotonic()
+    phase.status = "ok" if code == 0 else "FAILED (exit %d)" % code
+    _say(console_lock, "== %s: %s after %s" % (phase.name, phase.status, clock(phase.seconds)))
+
+
+def _tee(argv: List[str], log) -> int:
+    proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+        log.write(raw.decode(errors="replace"))
+    log.flush()
+    return proc.wait()
+
+
+def _say(lock: threading.Lock, text: str) -> None:
+    with lock:
+        print(text, flush=True)
+
+
+def schedule(all_phases: List[Phase]) -> None:
+    """Background phases start as soon as their needs are met; foreground ones run one at a time."""
+    by_name = {phase.name: phase for phase in all_phases}
+    lock = threading.Lock()
+    threads: Dict[str, threading.Thread] = {}
+
+    def ready(phase: Phase) -> Optional[bool]:
+        """True to run, False when a need failed, None while one is pending."""
+        for need in phase.needs:
+            status = by_name[need].status
+            if status == "not run" or status == "running":
+                return None
+            if status != "ok":
+                return False
+        return True
+
+    def launch(phase: Phase) -> None:
+        phase.status = "running"
+        thread = threading.Thread(target=run, args=(phase, lock), daemon=True)
+        threads[phase.name] = thread
+        thread.start()
+
+    pending = list(all_phases)
+    while pending:
+        foreground_busy = any(p.status == "running" and not p.background for p in all_phases)
+        for phase in list(pending):
+            verdict = ready(phase)
+            if verdict is False:
+                failed = [need for need in phase.needs if by_name[need].status != "ok"]
+                phase.status = "skipped (needs %s)" % ", ".join(failed)
+                pending.remove(phase)
+            elif verdict and (phase.background or not foreground_busy):
+                launch(phase)
+                pending.remove(phase)
+                foreground_busy = foreground_busy or not phase.background
+        time.sleep(0.2)
+    for thread in threads.values():
+        thread.join()
+
+
+# --------------------------------------------------------------------- reporting ---
+
+def clock(seconds: float) -> str:
+    return "%d:%02d" % divmod(int(round(seconds)), 60)
+
+
+def _rel(path: Path) -> str:
+    return os.path.relpath(str(path), str(REPO))
+
+
+def table(all_phases: List[Phase], origin: float) -> str:
+    rows = [("phase", "started", "wall", "result")]
+    for phase in all_phases:
+        began = "-" if phase.started is None else clock(phase.started - origin)
+        wall = "-" if phase.started is None else clock(phase.seconds)
+        note = phase.status + (" (background)" if phase.background and phase.started else "")
+        rows.append((phase.name, began, wall, note))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join([row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3]])
+             for row in rows]
+    return "\n".join(lines)
+
+
+# pytest's short summary, Ansible's failed tasks, ansible-lint's and ansible-test's findings.
+_PYTEST_FAILURE = re.compile(r"^(?:FAILED|ERROR) (\S+)")
+_TASK = re.compile(r"^TASK \[(.*)\]")
+_ANSIBLE_FAILURE = re.compile(r"^(?:fatal|failed): \[([^\]]+)\]")
+_LINT_RULE = re.compile(r"^([\w-]+\[[\w-]+\]|[\w-]+): \S")
+_LINT_PLACE = re.compile(r"^(\S+/\S+:\d+(?::\d+)?)\s*$")
+_SANITY_ERROR = re.compile(r"^ERROR: (.+)")
+# Colours and terminal hyperlinks (ansible-lint, molecule) around the words that matter.
+_TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m|\x1b\]8;;[^\x1b]*\x1b\\")
+
+
+def failing_checks(log_text: str, limit: int = 10) -> List[str]:
+    """The checks a failed phase's log names, most specific first; the last line as a fallback."""
+    found: List[str] = []
+    task = rule = None
+    for line in _TERMINAL_CODES.sub("", log_text).splitlines():
+        line = line.strip(" \u2502").rstrip()
+        match = _TASK.match(line)
+        if match:
+            task = match.group(1)
+            continue
+        match = _PYTEST_FAILURE.match(line)
+        if match:
+            found.append("test %s" % match.group(1))
+            continue
+        match = _ANSIBLE_FAILURE.match(line)
+        if match:
+            found.append("task '%s' on %s" % (task or "?", match.group(1)))
+            continue
+        match = _SANITY_ERROR.match(line)
+        if match:
+            found.append(match.group(1))
+            continue
+        match = _LINT_PLACE.match(line)
+        if match and rule:
+            found.append("%s %s" % (rule, match.group(1)))
+        match = _LINT_RULE.match(line)
+        rule = match.group(1) if match else None
+    unique = list(dict.fromkeys(found))
+    if unique:
+        return unique[:limit]
+    tail = [line for line in log_text.splitlines() if line.strip()]
+    return [tail[-1].strip()] if tail else ["(empty log)"]
+
+
+def report(all_phases: List[Phase], origin: float) -> int:
+    total = time.monotonic() - origin
+    text = table(all_phases, origin)
+    failed = [phase for phase in all_phases if phase.status != "ok"]
+    summary = "make test: %s in all, %s" % (
+        clock(total), "every phase ok" if not failed else "%d phase(s) not ok" % len(failed))
+    LOGS.mkdir(parents=True, exist_ok=True)
+    (LOGS / "phases.txt").write_text(text + "\n" + summary + "\n")
+    print("\n" + text + "\n" + summary)
+    for phase in failed:
+        if phase.status.startswith("FAILED"):
+            checks = failing_checks(phase.log.read_text(errors="replace"))
+            print("\n%s failed; log: %s" % (phase.name, _rel(phase.log)))
+            for check in checks:
+                print("  - %s" % check)
+    return 1 if failed else 0
+
+
+def main() -> int:
+    origin = time.monotonic()
+    all_phases = phases()
+    try:
+        schedule(all_phases)
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+    return report(all_phases, origin)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""tests/phases.py, the `make test` runner: scheduling, the phase table, naming what failed."""
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "phases.py"
+_spec = importlib.util.spec_from_file_location("phases", str(SCRIPT))
+phases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(phases)
+
+
+@pytest.fixture
+def logs(tmp_path, monkeypatch):
+    monkeypatch.setattr(phases, "LOGS", tmp_path)
+    return tmp_path
+
+
+def _phase(name, code, needs=(), background=False, sleep=0.0):
+    script = "import time, sys; time.sleep(%r); print(%r); sys.exit(%d)" % (sleep, name + " ran", code)
+    phase = phases.Phase(name, [sys.executable, "-c", script], needs, background)
+    return phase
+
+
+def test_a_failed_need_skips_its_dependents_but_not_the_others(logs, capsys):
+    plan = [_phase("setup", 0), _phase("build", 3, ["setup"], background=True),
+            _phase("unit", 0, ["setup"]), _phase("lab", 0, ["setup", "build"])]
+    for phase in plan:
+        phase.log = logs / (phase.name + ".log")
+    phases.schedule(plan)
+    assert [p.status for p in plan] == ["ok", "FAILED (exit 3)", "ok", "skipped (needs build)"]
+    assert "unit ran" in (logs / "unit.log").read_text()
+    assert "unit ran" in capsys.readouterr().out  # foreground output reaches the console
+
+
+def test_background_phases_overlap_the_foreground(logs):
+    plan = [_phase("bg", 0, background=True, sleep=1.0), _phase("fg", 0, sleep=1.0)]
+    for phase in plan:
+        phase.log = logs / (phase.name + ".log")
+    started = time.monotonic()
+    phases.schedule(plan)
+    assert time.monotonic() - started < 1.9
+    assert all(p.status == "ok" for p in plan)
+
+
+def test_foreground_phases_run_one_at_a_time_in_order(logs):
+    plan = [_phase("first", 0, sleep=0.3), _phase("second", 0)]
+    for phase in plan:
+        phase.log = logs / (phase.name + ".log")
+    phases.schedule(plan)
+    assert plan[1].started >= plan[0].ended
+
+
+def test_table_lists_every_phase_with_its_wall_time(logs):
+    done = phases.Phase("unit", ["true"])
+    done.started, done.ended, done.status = 100.0, 165.0, "ok"
+    skipped = phases.Phase("molecule", ["true"], ["unit"])
+    skipped.status = "skipped (needs image)"
+    text = phases.table([done, skipped], origin=90.0)
+    assert "unit" in text and "0:10" in text and "1:05" in text
+    assert "molecule" in text and "skipped (needs image)" in text
+
+
+@pytest.mark.parametrize("log, expected", [
+    ("....F\nFAILED tests/unit/test_x.py::test_y - assert 1 == 2\n", ["test tests/unit/test_x.py::test_y"]),
+    ("TASK [Install the helper] ***\nfatal: [numa-lab]: FAILED! => {}\n",
+     ["task 'Install the helper' on numa-lab"]),
+    ("ERROR: plugins/modules/x.py:3:1: E501 line too long\n", ["plugins/modules/x.py:3:1: E501 line too long"]),
+    ("\x1b]8;;https://docs.ansible.com/lint/rules/yaml/\x1b\\yaml[indentation]\x1b]8;;\x1b\\: Wrong indentation\n"
+     "roles/a/tasks/main.yml:7\n", ["yaml[indentation] roles/a/tasks/main.yml:7"]),
+    ("\x1b[31myaml[commas]\x1b[0m: Too few spaces after comma\n\x1b[35mroles/numa_host/tasks/numad.yml\x1b[0m:5\n",
+     ["yaml[commas] roles/numa_host/tasks/numad.yml:5"]),
+    ("  \u2502 TASK [Install the helper] ***\n  \u2502 fatal: [numa-lab]: FAILED! => {}\n",
+     ["task 'Install the helper' on numa-lab"]),
+    ("compiling\nbuild_server: pip download failed\n", ["build_server: pip download failed"]),
+])
+def test_failing_checks_are_named_from_the_log(log, expected):
+    assert phases.failing_checks(log) == expected
+
+
+def test_report_names_the_failed_phase_its_checks_and_its_log(logs, capsys):
+    failed = phases.Phase("unit", ["false"])
+    failed.log = logs / "unit.log"
+    failed.log.write_text("FAILED tests/unit/test_x.py::test_y - boom\n")
+    failed.started, failed.ended, failed.status = 0.0, 1.0, "FAILED (exit 1)"
+    assert phases.report([failed], origin=0.0) == 1
+    out = capsys.readouterr().out
+    assert "unit failed; log:" in out and "test tests/unit/test_x.py::test_y" in out
+    assert (logs / "phases.txt").read_text().startswith("phase")
