@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """`make test`: every check the project has, run as timed phases that keep both cores busy.
 
-    apt ──┬── image          (background: the lab guest's disk, cached by recipe)
-          ├── llama-server   (background: compiled once, cached by recipe)
-          └── venv ── unit ── lint ── sanity ──┬── molecule (waits for image and llama-server)
+    apt ──┬── image ─────────────┐      (background: the lab guest's disk, cached by recipe)
+          ├── llama-server ──────┤      (background: compiled once, cached by recipe)
+          └── venv ──────────────┴── molecule            (foreground: the lab, the longest phase)
+                 └── unit ── lint ── sanity              (background, niced: they fill the spare core)
 
-The two builds start as soon as their Debian packages are there, so the compile overlaps the pip
-installs and the tests; the molecule lab, the longest phase, needs both.
+The molecule lab is a chain of steps that each wait on the emulated guest, so it sets the pace; it
+starts as soon as the guest image and llama-server are there, and the Python checks run beside the
+builds and the lab at a lower priority, so they never slow it down.
 
 Each phase writes build/logs/<phase>.log; foreground phases also print to the console. A failed
 phase does not stop the phases that do not need it, so one run reports every failure. The run
@@ -28,12 +30,18 @@ from typing import Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parent.parent
 LOGS = REPO / "build" / "logs"
 VENV_BIN = REPO / ".venv" / "bin"
+# The Python checks yield the CPU to the builds and the lab's emulated guest, which set the pace.
+CHECKS_NICENESS = 10
 
 
 class Phase:
+    """A command; it starts once its needs succeeded and the phases it comes after ended."""
+
     def __init__(self, name: str, argv: Sequence[str], needs: Sequence[str] = (),
-                 background: bool = False):
-        self.name, self.argv, self.needs, self.background = name, list(argv), list(needs), background
+                 background: bool = False, after: Sequence[str] = (), nice: int = 0):
+        self.name, self.needs, self.background = name, list(needs), background
+        self.after = list(after)
+        self.argv = (["nice", "-n", str(nice)] if nice else []) + list(argv)
         self.started: Optional[float] = None
         self.ended: Optional[float] = None
         self.status = "not run"
@@ -53,14 +61,26 @@ def phases() -> List[Phase]:
         Phase("image", [sys.executable, "lab/labvm.py", "image"], ["apt"], background=True),
         Phase("llama-server", ["bash", "lab/llama/build_server.sh"], ["apt"], background=True),
         Phase("venv", make + ["lab-venv"], ["apt"]),
-        Phase("unit", [str(VENV_BIN / "pytest"), "-q", "-p", "no:cacheprovider", "tests"], ["venv"]),
-        Phase("lint", [str(VENV_BIN / "ansible-lint"), "--profile", "production"], ["venv"]),
-        Phase("sanity", ["tests/sanity.sh"], ["venv"]),
+        Phase("unit", [str(VENV_BIN / "pytest"), "-q", "-p", "no:cacheprovider", "tests"], ["venv"],
+              background=True, nice=CHECKS_NICENESS),
+        Phase("lint", [str(VENV_BIN / "ansible-lint"), "--profile", "production"], ["venv"],
+              background=True, after=["unit"], nice=CHECKS_NICENESS),
+        Phase("sanity", ["tests/sanity.sh"], ["venv"], background=True, after=["lint"], nice=CHECKS_NICENESS),
         Phase("molecule", [str(VENV_BIN / "molecule"), "test"], ["venv", "image", "llama-server"]),
     ]
 
 
 # --------------------------------------------------------------------- running ---
+
+def phase_environment(base: Dict[str, str]) -> Dict[str, str]:
+    """The venv's tools first on PATH: molecule runs `pytest` by name, and a pyenv or distro pytest
+    ahead of it (pyenv's exec puts its own bin first) lacks the testinfra plugin."""
+    env = dict(base)
+    env["PATH"] = os.pathsep.join([str(VENV_BIN)] + [part for part in env.get("PATH", "").split(os.pathsep)
+                                                    if part and part != str(VENV_BIN)])
+    env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
+    return env
+
 
 def run(phase: Phase, console_lock: threading.Lock) -> None:
     phase.started = time.monotonic()
@@ -72,7 +92,7 @@ def run(phase: Phase, console_lock: threading.Lock) -> None:
         if phase.background:
             _say(console_lock, "%s (background, log: %s)" % (banner, _rel(phase.log)))
             code = subprocess.call(phase.argv, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+                                   stdin=subprocess.DEVNULL, env=phase_environment(dict(os.environ)))
         else:
             _say(console_lock, banner)
             code = _tee(phase.argv, log)
@@ -83,7 +103,7 @@ def run(phase: Phase, console_lock: threading.Lock) -> None:
 
 def _tee(argv: List[str], log) -> int:
     proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=phase_environment(dict(os.environ)))
     assert proc.stdout is not None
     for raw in iter(proc.stdout.readline, b""):
         sys.stdout.buffer.write(raw)
@@ -106,6 +126,8 @@ def schedule(all_phases: List[Phase]) -> None:
 
     def ready(phase: Phase) -> Optional[bool]:
         """True to run, False when a need failed, None while one is pending."""
+        if any(by_name[name].status in ("not run", "running") for name in phase.after):
+            return None
         for need in phase.needs:
             status = by_name[need].status
             if status == "not run" or status == "running":
