@@ -295,7 +295,8 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import audit_pids, audit_unit
+from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import (UnitAudit, audit_pids, audit_unit,
+                                                                               audit_units)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 
@@ -324,22 +325,30 @@ def _run(module: AnsibleModule):
 
 
 def _audit_units(module: AnsibleModule):
-    """Every entry of units in turn; a unit that cannot be read is a failed report, not the end of the run."""
+    """Every entry of units, waited for together; a unit that cannot be read is a failed report."""
     params = module.params
-    reports = []
+    names = [entry["unit"] for entry in params["units"]]
+    twice = sorted(set(name for name in names if names.count(name) > 1))
+    if twice:
+        module.fail_json(msg="units lists %s more than once: give each unit one entry" % ", ".join(twice))
+    audits, reports = [], {}
     for entry in params["units"]:
         try:
             plan = None if entry["plan_file"] is None else _read_plan_file(entry["plan_file"])
-            report = audit_unit(params["root"], entry["unit"], plan, entry["min_local_percent"], entry["pages"],
-                                params["wait_seconds"], params["settle_seconds"], run=_run(module))
         except NumaError as exc:
-            report = {"unit": entry["unit"], "ok": False, "msg": str(exc), "warnings": []}
+            reports[entry["unit"]] = {"unit": entry["unit"], "ok": False, "msg": str(exc), "warnings": []}
+            continue
+        audits.append(UnitAudit(entry["unit"], plan, entry["min_local_percent"], entry["pages"]))
+    for report in audit_units(params["root"], audits, params["wait_seconds"], params["settle_seconds"],
+                              run=_run(module)):
+        reports[report["unit"]] = report
+    ordered = [reports[entry["unit"]] for entry in params["units"]]
+    for report in ordered:
         for warning in report.pop("warnings", []):
             module.warn(warning)
-        reports.append(report)
-    failed = [report["msg"] for report in reports if not report["ok"]]
-    result = {"ok": not failed, "units": reports,
-              "msg": "; ".join(failed) if failed else "%d unit(s) audited, all ok" % len(reports)}
+    failed = [report["msg"] for report in ordered if not report["ok"]]
+    result = {"ok": not failed, "units": ordered,
+              "msg": "; ".join(failed) if failed else "%d unit(s) audited, all ok" % len(ordered)}
     if failed:
         module.fail_json(**result)
     module.exit_json(changed=False, **result)

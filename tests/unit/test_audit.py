@@ -329,6 +329,47 @@ def test_growing_memory_is_waited_for_then_audited_with_a_warning(tmp_path, monk
                                   "audited a service that may still be loading (raise wait_seconds)"]
 
 
+class FakeSystemdPerUnit:
+    """`systemctl show UNIT` answered per unit (the unit is argv's last word)."""
+
+    def __init__(self, props_by_unit):
+        self.props_by_unit = props_by_unit
+
+    def __call__(self, argv):
+        return 0, "".join("%s=%s\n" % item for item in self.props_by_unit[argv[-1]].items()), ""
+
+
+def test_several_units_settle_in_the_same_seconds_and_each_is_judged_alone(tmp_path):
+    write_cgroup(tmp_path, {"": [4242]})
+    write_process(tmp_path, 4242, "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n", [(4242, "2-3", 2)])
+    clock = FakeClock()
+    run = FakeSystemdPerUnit({"llama@1.service": props(), "llama@2.service": props(),
+                              "gone@0.service": props(load="not-found"),
+                              "down@0.service": dict(props("failed", 0), SubState="failed")})
+    entries = [audit.UnitAudit("llama@1.service", BIND1, 99.0, "all"),
+               audit.UnitAudit("gone@0.service", None, 99.0, "all"),
+               audit.UnitAudit("llama@2.service", dict(BIND1, mem_nodes=[0]), 99.0, "anon"),
+               audit.UnitAudit("down@0.service", BIND1, 99.0, "all")]
+    reports = audit.audit_units(str(tmp_path), entries, wait_seconds=30, settle_seconds=3, run=run,
+                                page_size=PAGE, clock=clock, sleep=clock.sleep)
+    assert [report["unit"] for report in reports] == [entry.unit for entry in entries]
+    assert [report["ok"] for report in reports] == [True, False, False, False]
+    assert "not loaded" in reports[1]["msg"] and "below min_local_percent" in reports[2]["msg"]
+    assert "not running after 30s" in reports[3]["msg"]
+    # the two live units settled together: one settle period, not two; the dead one ran to the deadline
+    assert clock.now == 30
+
+
+def test_live_units_alone_are_done_after_one_settle_period(tmp_path):
+    write_cgroup(tmp_path, {"": [4242]})
+    write_process(tmp_path, 4242, "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n", [(4242, "2-3", 2)])
+    clock = FakeClock()
+    run = FakeSystemdPerUnit(dict(("llama@%d.service" % i, props()) for i in range(4)))
+    audit.audit_units(str(tmp_path), [audit.UnitAudit("llama@%d.service" % i, BIND1, 99.0, "all") for i in range(4)],
+                      wait_seconds=60, settle_seconds=3, run=run, page_size=PAGE, clock=clock, sleep=clock.sleep)
+    assert 3 <= clock.now <= 4
+
+
 def test_unit_that_never_starts_fails_at_the_deadline_with_its_state(tmp_path):
     clock = FakeClock()
     with pytest.raises(NumaError) as caught:
@@ -394,28 +435,28 @@ def test_module_wants_unit_or_pids(capsys):
     assert "mutually exclusive" in result["msg"]
 
 
-def _fake_audit_unit(outcomes, seen):
-    def audit_unit(root, unit, plan, min_local_percent, pages, wait_seconds, settle_seconds, run):
-        seen.append((unit, plan, min_local_percent, pages, wait_seconds))
-        ok = outcomes[unit]
-        return {"unit": unit, "ok": ok, "msg": "%s: %s" % (unit, "fine" if ok else "12.00% local, below 99"),
-                "warnings": []}
-    return audit_unit
+def _fake_audit_units(outcomes, seen):
+    def audit_units(root, audits, wait_seconds, settle_seconds, run):
+        seen.extend((entry.unit, entry.plan, entry.min_local_percent, entry.pages, wait_seconds) for entry in audits)
+        return [{"unit": entry.unit, "ok": outcomes[entry.unit], "warnings": [],
+                 "msg": "%s: %s" % (entry.unit, "fine" if outcomes[entry.unit] else "12.00% local, below 99")}
+                for entry in audits]
+    return audit_units
 
 
 def test_module_audits_several_units_in_one_run_and_names_each_failure(tmp_path, capsys, monkeypatch):
     plan_file = tmp_path / "a@0.plan.json"
     plan_file.write_text(json.dumps(BIND1))
     seen = []
-    monkeypatch.setattr(numa_audit, "audit_unit", _fake_audit_unit(
+    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units(
         {"a@0.service": True, "b@0.service": False, "c@0.service": True}, seen))
     result = run_module({"units": [
         {"unit": "a@0.service", "plan_file": str(plan_file)},
-        {"unit": "b@0.service", "pages": "anon", "min_local_percent": 90},
         {"unit": "c@0.service", "plan_file": str(tmp_path / "absent.json")},
+        {"unit": "b@0.service", "pages": "anon", "min_local_percent": 90},
     ], "wait_seconds": 7}, capsys)
     assert result["failed"] is True and result["ok"] is False
-    assert [report["unit"] for report in result["units"]] == ["a@0.service", "b@0.service", "c@0.service"]
+    assert [report["unit"] for report in result["units"]] == ["a@0.service", "c@0.service", "b@0.service"]
     assert [report["ok"] for report in result["units"]] == [True, False, False]
     assert "b@0.service: 12.00% local" in result["msg"] and "absent.json does not exist" in result["msg"]
     # c's plan file is missing, so it is not audited at all; the others get their own settings
@@ -423,10 +464,17 @@ def test_module_audits_several_units_in_one_run_and_names_each_failure(tmp_path,
 
 
 def test_module_passes_when_every_unit_passes(capsys, monkeypatch):
-    monkeypatch.setattr(numa_audit, "audit_unit", _fake_audit_unit({"a@0.service": True, "a@1.service": True}, []))
+    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units({"a@0.service": True, "a@1.service": True}, []))
     result = run_module({"units": [{"unit": "a@0.service"}, {"unit": "a@1.service"}]}, capsys)
     assert result.get("failed") is not True and result["ok"] is True and result["changed"] is False
     assert result["msg"] == "2 unit(s) audited, all ok"
+
+
+def test_module_refuses_a_unit_listed_twice(capsys, monkeypatch):
+    seen = []
+    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units({"a@0.service": True}, seen))
+    result = run_module({"units": [{"unit": "a@0.service"}, {"unit": "a@0.service", "pages": "anon"}]}, capsys)
+    assert result["failed"] is True and "a@0.service more than once" in result["msg"] and seen == []
 
 
 def test_module_refuses_units_beside_one_plan(capsys):

@@ -39,7 +39,7 @@ import os
 import re
 import subprocess
 import time
-from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
@@ -513,46 +513,90 @@ class _Settle:
         return now - self.since >= self.settle_seconds
 
 
-def wait_for_unit(unit: str, root: str, run: Runner, wait_seconds: float, settle_seconds: float,
-                  clock: Callable[[], float] = time.monotonic,
-                  sleep: Callable[[float], None] = time.sleep) -> Tuple[Dict[str, str], List[str]]:
-    """Wait (bounded) until the unit is active and its MainPID's RSS has settled.
+class _UnitWait:
+    """One unit being waited for: active, with its MainPID's RSS settled."""
 
-    Returns the unit's properties and warnings. Fails fast when the unit is not
-    loaded; fails at the deadline when it never became active. An RSS still
-    growing at the deadline is only a warning: the audit then sees a service
-    still loading.
+    def __init__(self, unit: str, settle_seconds: float) -> None:
+        self.unit = unit
+        self.settle = _Settle(settle_seconds)
+        self.props = {}  # type: Dict[str, str]
+
+    def poll(self, root: str, run: Runner, now: float) -> bool:
+        """Read the unit once; True when it is ready. A unit that is not loaded fails at once."""
+        self.props = show_unit(self.unit, run)
+        if self.props.get("LoadState") != "loaded":
+            raise NumaError("unit %s is not loaded (LoadState=%s): check the unit name, and run "
+                            "`systemctl daemon-reload` after writing it" % (self.unit, self.props.get("LoadState")))
+        main = self._main_pid()
+        return self._active() and self.settle.update(main, _rss_kb(root, main), now)
+
+    def at_deadline(self, wait_seconds: float) -> List[str]:
+        """Not ready in time: an error when it is not running, a warning when its memory still grows."""
+        props, main = self.props, self._main_pid()
+        if not self._active():
+            raise NumaError("unit %s is not running after %ss (ActiveState=%s, SubState=%s, Result=%s, "
+                            "MainPID=%s): see `journalctl -u %s`" % (
+                                self.unit, wait_seconds, props.get("ActiveState"), props.get("SubState"),
+                                props.get("Result"), main, self.unit))
+        return ["unit %s: memory of PID %d was still growing after %ss; audited a service that "
+                "may still be loading (raise wait_seconds)" % (self.unit, main, wait_seconds)]
+
+    def _main_pid(self) -> int:
+        return int(self.props.get("MainPID") or 0)
+
+    def _active(self) -> bool:
+        return self.props.get("ActiveState") == "active" and self._main_pid() > 0
+
+
+WaitOutcome = Union[Tuple[Dict[str, str], List[str]], NumaError]
+
+
+def wait_for_units(units: Sequence[str], root: str, run: Runner, wait_seconds: float, settle_seconds: float,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> Dict[str, WaitOutcome]:
+    """Wait (bounded) until every unit is active and its MainPID's RSS has settled, all in the same seconds.
+
+    Per unit: its properties and warnings, or the NumaError that ends its wait (not loaded: at once;
+    never active: at the deadline). An RSS still growing at the deadline is only a warning: the audit
+    then sees a service still loading.
     """
     deadline = clock() + wait_seconds
-    settle = _Settle(settle_seconds)
+    waiting = dict((unit, _UnitWait(unit, settle_seconds)) for unit in units)
+    outcomes = {}  # type: Dict[str, WaitOutcome]
     while True:
-        props = show_unit(unit, run)
-        if props.get("LoadState") != "loaded":
-            raise NumaError("unit %s is not loaded (LoadState=%s): check the unit name, and run "
-                            "`systemctl daemon-reload` after writing it" % (unit, props.get("LoadState")))
-        main = int(props.get("MainPID") or 0)
-        active = props.get("ActiveState") == "active" and main > 0
-        now = clock()
-        if active and settle.update(main, _rss_kb(root, main), now):
-            return props, []
-        if now >= deadline:
-            if not active:
-                raise NumaError("unit %s is not running after %ss (ActiveState=%s, SubState=%s, Result=%s, "
-                                "MainPID=%s): see `journalctl -u %s`" % (
-                                    unit, wait_seconds, props.get("ActiveState"), props.get("SubState"),
-                                    props.get("Result"), main, unit))
-            return props, ["unit %s: memory of PID %d was still growing after %ss; audited a service that "
-                           "may still be loading (raise wait_seconds)" % (unit, main, wait_seconds)]
+        for unit, wait in list(waiting.items()):
+            try:
+                ready = wait.poll(root, run, clock())
+            except NumaError as exc:
+                ready, outcomes[unit] = True, exc
+            if ready:
+                outcomes.setdefault(unit, (wait.props, []))
+                del waiting[unit]
+        if not waiting:
+            return outcomes
+        if clock() >= deadline:
+            for unit, wait in waiting.items():
+                try:
+                    outcomes[unit] = (wait.props, wait.at_deadline(wait_seconds))
+                except NumaError as exc:
+                    outcomes[unit] = exc
+            return outcomes
         sleep(POLL_SECONDS)
 
 
-def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0,
-               pages: str = "all", wait_seconds: float = 0, settle_seconds: float = 3.0,
-               run: Optional[Runner] = None, page_size: Optional[int] = None,
-               clock: Callable[[], float] = time.monotonic,
-               sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
-    """Audit every process of a systemd unit, after waiting for it to be up."""
-    props, warnings = wait_for_unit(unit, root, run or run_command, wait_seconds, settle_seconds, clock, sleep)
+def wait_for_unit(unit: str, root: str, run: Runner, wait_seconds: float, settle_seconds: float,
+                  clock: Callable[[], float] = time.monotonic,
+                  sleep: Callable[[float], None] = time.sleep) -> Tuple[Dict[str, str], List[str]]:
+    """wait_for_units for one unit: its properties and warnings, or its NumaError raised."""
+    outcome = wait_for_units([unit], root, run, wait_seconds, settle_seconds, clock, sleep)[unit]
+    if isinstance(outcome, NumaError):
+        raise outcome
+    return outcome
+
+
+def _audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[str],
+                 plan: Optional[Mapping[str, Any]], min_local_percent: float, pages: str,
+                 page_size: Optional[int]) -> Dict[str, Any]:
     size = page_size or os.sysconf("SC_PAGE_SIZE")
     processes = []
     for pid in unit_pids(root, props):
@@ -569,6 +613,44 @@ def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, m
     report["unit"] = unit
     report["warnings"] = warnings
     return report
+
+
+def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0,
+               pages: str = "all", wait_seconds: float = 0, settle_seconds: float = 3.0,
+               run: Optional[Runner] = None, page_size: Optional[int] = None,
+               clock: Callable[[], float] = time.monotonic,
+               sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
+    """Audit every process of a systemd unit, after waiting for it to be up."""
+    props, warnings = wait_for_unit(unit, root, run or run_command, wait_seconds, settle_seconds, clock, sleep)
+    return _audit_props(root, unit, props, warnings, plan, min_local_percent, pages, page_size)
+
+
+class UnitAudit(NamedTuple):
+    """One entry of audit_units: a unit, its plan (or None) and how to judge it."""
+    unit: str
+    plan: Optional[Mapping[str, Any]]
+    min_local_percent: float
+    pages: str
+
+
+def audit_units(root: str, audits: Sequence[UnitAudit], wait_seconds: float = 0, settle_seconds: float = 3.0,
+                run: Optional[Runner] = None, page_size: Optional[int] = None,
+                clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep) -> List[Dict[str, Any]]:
+    """audit_unit for several units, waited for together; a unit that fails is a failed report."""
+    outcomes = wait_for_units([entry.unit for entry in audits], root, run or run_command, wait_seconds,
+                              settle_seconds, clock, sleep)
+    reports = []
+    for entry in audits:
+        outcome = outcomes[entry.unit]
+        try:
+            if isinstance(outcome, NumaError):
+                raise outcome
+            reports.append(_audit_props(root, entry.unit, outcome[0], list(outcome[1]), entry.plan,
+                                        entry.min_local_percent, entry.pages, page_size))
+        except NumaError as exc:
+            reports.append({"unit": entry.unit, "ok": False, "msg": str(exc), "warnings": []})
+    return reports
 
 
 def audit_service(pids: Optional[Sequence[int]] = None, unit: Optional[str] = None,
