@@ -155,13 +155,40 @@ def test_page_cache_trouble_is_a_note_after_the_placement_not_a_failure(monkeypa
     model = tmp_path / "model.gguf"
     model.write_bytes(b"\0" * 8192)
 
-    def refuse(path, local, proc_root="/proc"):
+    def refuse(path, local_nodes):
         raise NumaError("mincore was refused (EPERM) while scanning the page cache: a seccomp filter blocks it")
 
-    monkeypatch.setattr(pagecache, "evict_remote", refuse)
+    monkeypatch.setattr(pagecache, "sample_residency", refuse)
     notes = cli._settle_page_cache([str(model)], _one_node_plan(), "evict")
     assert notes == ["page cache NOT checked: mincore was refused (EPERM) while scanning the page cache: "
                      "a seccomp filter blocks it"]
+
+
+def _looked(nodes):
+    return {"nodes": nodes, "estimate": "sampled 688 of 4096 cached pages; node fractions within \u00b11 pp (99 %)"}
+
+
+def test_evict_scans_every_page_only_once_the_sample_saw_remote_ones(monkeypatch):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+
+    evicted = []
+    outcome = {"evicted_pages": 4096, "skipped_reason": None}
+    monkeypatch.setattr(pagecache, "evict_remote", lambda path, local: evicted.append((path, local)) or outcome)
+    monkeypatch.setattr(pagecache, "sample_residency", lambda path, local_nodes: _looked({"0": 4096}))
+    assert cli._settle_file("/m.gguf", {0}, "evict") == [] and evicted == []
+    monkeypatch.setattr(pagecache, "sample_residency", lambda path, local_nodes: _looked({"0": 4090, "1": 6}))
+    assert cli._settle_file("/m.gguf", {0}, "evict") == [
+        "page cache: dropped 4096 pages of /m.gguf cached on remote nodes"]
+    assert evicted == [("/m.gguf", {0})]
+
+
+def test_warn_names_the_sampled_remote_pages_and_the_bound(monkeypatch):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+
+    monkeypatch.setattr(pagecache, "sample_residency", lambda path, local_nodes: _looked({"0": 1000, "1": 3096}))
+    assert cli._settle_file("/m.gguf", {0}, "warn") == [
+        "page cache: 3096 pages of /m.gguf sit on remote nodes (N0=1000, N1=3096; sampled 688 of 4096 cached pages; "
+        "node fractions within \u00b11 pp (99 %))"]
 
 
 def test_exec_applies_the_placement_before_looking_at_the_page_cache(monkeypatch, tmp_path):
