@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: inferops.numa contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that write values into systemd units safely and map a Plan to unit settings.
+"""Filters that write values into systemd units safely, map a Plan to unit settings, and hand a
+placement request to numa-pin (flags) or numa_plan (arguments).
 
-Thin: the rules live in ``module_utils/numa/systemd.py`` (tested there); these
-wrappers only turn its NumaError into AnsibleFilterError so a bad variable
+Thin: the rules live in ``module_utils/numa/systemd.py`` and ``request.py`` (tested there); these
+wrappers only turn their NumaError into AnsibleFilterError so a bad variable
 fails the task with the message that names the fix.
 """
 
@@ -14,7 +15,7 @@ import functools
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import request, systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 
@@ -47,6 +48,7 @@ class FilterModule:
             "systemd_unit_prefix": _filter(systemd.unit_prefix),
             "systemd_version": _filter(systemd.parse_systemd_version),
             "numa_pin_flags": _filter(systemd.request_flags),
+            "numa_plan_args": _filter(request.module_args),
             "numa_substitute": _filter(substitute_tokens),
             "numa_plan_record": _filter(systemd.plan_record),
             "numa_systemd_settings": _filter(_settings),

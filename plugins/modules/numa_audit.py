@@ -291,31 +291,18 @@ min_local_percent:
   type: float
 """
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import (UnitAudit, audit_pids, audit_unit,
-                                                                               audit_units)
+                                                                               audit_units, load_plan)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 
-def _read_plan_file(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        raise NumaError("plan file %s does not exist: deploy the service with the inference_service role "
-                        "first, or pass plan" % path)
-    except (OSError, ValueError) as exc:
-        raise NumaError("cannot read plan file %s: %s" % (path, exc))
-
-
-def _load_plan(module: AnsibleModule):
+def _given_plan(module: AnsibleModule):
     if module.params["plan"] is not None:
         return module.params["plan"]
     path = module.params["plan_file"]
-    return None if path is None else _read_plan_file(path)
+    return None if path is None else load_plan(path)
 
 
 def _run(module: AnsibleModule):
@@ -334,7 +321,7 @@ def _audit_units(module: AnsibleModule):
     audits, reports = [], {}
     for entry in params["units"]:
         try:
-            plan = None if entry["plan_file"] is None else _read_plan_file(entry["plan_file"])
+            plan = None if entry["plan_file"] is None else load_plan(entry["plan_file"])
         except NumaError as exc:
             reports[entry["unit"]] = {"unit": entry["unit"], "ok": False, "msg": str(exc), "warnings": []}
             continue
@@ -382,7 +369,7 @@ def main() -> None:
     if params["units"]:
         _audit_units(module)
     try:
-        plan = _load_plan(module)
+        plan = _given_plan(module)
         if params["unit"]:
             report = audit_unit(params["root"], params["unit"], plan, params["min_local_percent"], params["pages"],
                                 params["wait_seconds"], params["settle_seconds"], run=_run(module))

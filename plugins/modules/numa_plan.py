@@ -185,30 +185,15 @@ topology_warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import build_request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.request import argument_spec, build_request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.systemd import plan_record, record_is_current
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
-ARGUMENT_SPEC = {
-    "node": {"type": "str"},
-    "gpus": {"type": "raw", "default": "auto"},
-    "model_size": {"type": "str"},
-    "model": {"type": "list", "elements": "path", "default": []},
-    "memory_headroom": {"type": "str", "default": "10%+1G"},
-    "smt": {"type": "bool", "default": True},
-    "reserve_cpus": {"type": "str"},
-    "scope": {"type": "str", "choices": ["node", "socket"], "default": "node"},
-    "instances": {"type": "int", "default": 1},
-    "instance": {"type": "int", "default": 0},
-    "policy": {"type": "str", "choices": ["auto", "bind", "preferred", "interleave"], "default": "auto"},
-    "on_unfit": {"type": "str", "choices": ["interleave", "fail"], "default": "interleave"},
-    "port_base": {"type": "int"},
-    "anchors": {"type": "str"},
-    "root": {"type": "path", "default": "/"},
-    "record_file": {"type": "path"},
-}
+# The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above
+# repeats them for ansible-doc, and tests/unit/test_request.py holds it to the table.
+ARGUMENT_SPEC = dict(argument_spec(), root={"type": "path", "default": "/"}, record_file={"type": "path"})
 
 
 def main() -> None:

@@ -430,6 +430,19 @@ def test_module_names_a_missing_plan_file(tmp_path, capsys):
     assert "does not exist: deploy the service with the inference_service role" in result["msg"]
 
 
+def test_unreadable_plan_file_names_the_file_and_the_fix(tmp_path):
+    with pytest.raises(NumaError, match="plan file .*missing.json does not exist: .*numa-pin explain"):
+        audit.load_plan(str(tmp_path / "missing.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(NumaError, match="cannot read plan file .*broken.json .*numa-pin explain"):
+        audit.load_plan(str(broken))
+    bad = tmp_path / "list.json"
+    bad.write_text("[1]")
+    with pytest.raises(NumaError, match="not a JSON object"):
+        audit.load_plan(str(bad))
+
+
 def test_module_wants_unit_or_pids(capsys):
     result = run_module({"unit": "x.service", "pids": [1]}, capsys)
     assert "mutually exclusive" in result["msg"]

@@ -9,7 +9,7 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli_cost, cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 from tests.unit.topo_factory import make_node, make_topology
@@ -405,7 +405,7 @@ def test_table_shows_measured_and_slit_and_unmeasured_reasons():
     runner, _ = fake_measurements(LAT, BW)
     result = cost.measure(two_nodes(), cost.CostOptions(buffer_mb=1), runner=runner, rng=random.Random(1))
     result["unmeasured"] = {"1->1": "because"}
-    text = cost.format_table(result)
+    text = cli_cost.format_table(result)
     assert "latency ns (measured):" in text
     assert "SLIT distance ratio (firmware, not measured):" in text
     assert "   2.10" in text and "160.0" in text
@@ -462,7 +462,7 @@ def cli_args(*argv):
     import argparse
 
     parser = argparse.ArgumentParser(prog="numa-pin cost")
-    cost.add_cli_arguments(parser)
+    cli_cost.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -477,7 +477,7 @@ def test_cli_defaults_match_the_module_and_print_a_table(fake_host, monkeypatch)
                    "bandwidth_ratio": [[1.0]], "distance": [[10]], "distance_ratio": [[1.0]], "unmeasured": {},
                    "method": {"latency": "chase"}}
     monkeypatch.setattr(cost, "measure", lambda facts, options: dict(fake_result))
-    assert cost.run_cli(args, out) == 0
+    assert cli_cost.run(args, out) == 0
     assert "latency ns (measured):" in out.getvalue() and "90.0" in out.getvalue()
 
 
@@ -490,19 +490,10 @@ def test_cli_json_plan_file_and_service_flags_reach_run(fake_host, tmp_path):
     out = io.StringIO()
     args = cli_args("--json", "--pid", "7", "--pid", "8", "--plan-json", str(plan), "--window-seconds", "3",
                     "--buffer-mb", "96", "--max-seconds", "30")
-    assert cost.run_cli(args, out) == 0
+    assert cli_cost.run(args, out) == 0
     assert fake_host["collect"] == ("/", 3.0, [7, 8], None, {"mem_nodes": [1], "policy": "bind"})
     assert fake_host["measure"]["buffer_mb"] == 96 and fake_host["measure"]["max_seconds"] == 30.0
     assert json.loads(out.getvalue())["topology_signature"].startswith("node0:2cpu")
-
-
-def test_unreadable_plan_file_names_the_file_and_the_fix(tmp_path):
-    with pytest.raises(NumaError, match="cannot read plan .*missing.json.*numa-pin explain"):
-        cost.load_plan(str(tmp_path / "missing.json"))
-    bad = tmp_path / "list.json"
-    bad.write_text("[1]")
-    with pytest.raises(NumaError, match="not a JSON object"):
-        cost.load_plan(str(bad))
 
 
 def test_pair_work_refuses_a_buffer_that_stays_in_cache(monkeypatch):

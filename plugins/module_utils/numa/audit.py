@@ -35,6 +35,7 @@ plans it is reported, with the spread across the interleave set. A thread
 allowed or last seen on a CPU outside the plan's CPUs always fails the audit.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -192,6 +193,21 @@ def last_cpu(stat_text: str) -> Optional[int]:
         return int(fields[36])
     except ValueError:
         return None
+
+
+def load_plan(path: str) -> Dict[str, Any]:
+    """A plan file: the record the inference_service role wrote, or the JSON numa-pin explain prints."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            plan = json.load(handle)
+    except FileNotFoundError:
+        raise NumaError("plan file %s does not exist: deploy the service with the inference_service role "
+                        "first, or give the JSON that numa-pin explain prints" % path)
+    except (OSError, ValueError) as exc:
+        raise NumaError("cannot read plan file %s (%s): give the JSON that numa-pin explain prints" % (path, exc))
+    if not isinstance(plan, dict):
+        raise NumaError("plan file %s is not a JSON object: give the JSON that numa-pin explain prints" % path)
+    return plan
 
 
 def expectation(plan: Optional[Mapping[str, Any]]) -> Optional[Expectation]:

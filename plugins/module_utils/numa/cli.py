@@ -24,25 +24,20 @@ import os
 import sys
 
 from .errors import NumaError
+from .request import OPTIONS, build_request
 from .tokens import substitute_tokens
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only
     from typing import Any, Dict, List, Optional, Set, Tuple
 
-    from .placement import Plan, Request
+    from .placement import Plan
+    from .request import Option
 
 EXIT_AUDIT_FAILED = 1
 EXIT_BAD_REQUEST = 2
 EXIT_KERNEL_REFUSED = 3
 EXIT_NOT_FOUND = 127
-
-# The request flags of explain/exec, options with underscores (units write them in this order).
-REQUEST_FLAGS = ("node", "gpus", "model_size", "model", "memory_headroom", "smt", "reserve_cpus", "scope",
-                 "instances", "instance", "policy", "on_unfit", "page_cache", "replica_dir", "port_base", "anchors")
-# Those the planner's Request takes; the model's page cache is handled around it.
-REQUEST_OPTIONS = tuple(flag for flag in REQUEST_FLAGS if flag not in ("model", "page_cache", "replica_dir"))
-PAGE_CACHE_ACTIONS = ("evict", "warn", "ignore", "replicate")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -110,68 +105,39 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
 
     cost = commands.add_parser("cost", help="measure remote vs local memory latency and bandwidth per node pair")
     if command == "cost":  # the measurement engine is not imported on the exec path
-        from .cost import add_cli_arguments
-        add_cli_arguments(cost)
+        from .cli_cost import add_arguments
+        add_arguments(cost)
     cost.set_defaults(run=run_cost)
     return parser
 
 
 def _add_request_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("placement request (module options share these names)")
-    group.add_argument("--node", help="node id, or auto (default)")
-    group.add_argument("--gpus", help="auto (default), none, a count, or PCI addresses separated by commas")
-    group.add_argument("--model-size", help="bytes, a size like 14G, or the model's path (file or directory)")
-    group.add_argument("--model", action="append", default=[],
-                       help="model file or directory the server maps (repeatable): sizes the request when "
-                            "--model-size is absent and is checked for page cache on remote nodes")
-    group.add_argument("--memory-headroom", help="added to the model size: '10%%+1G' (default), '2G', '0'")
-    group.add_argument("--smt", dest="smt", action="store_true", default=None, help="use every hardware thread")
-    group.add_argument("--no-smt", dest="smt", action="store_false", help="one thread per physical core")
-    group.add_argument("--reserve-cpus", help="CPU list never handed out (housekeeping), e.g. 0,1")
-    group.add_argument("--scope", choices=("node", "socket"))
-    group.add_argument("--instances", type=int, help="how many instances of this service run on the host")
-    group.add_argument("--instance", type=int, help="which one this is, 0-based")
-    group.add_argument("--policy", choices=("auto", "bind", "preferred", "interleave"))
-    group.add_argument("--on-unfit", choices=("interleave", "fail"))
-    group.add_argument("--port-base", type=int, help="{port} becomes port_base + instance")
-    group.add_argument("--anchors", help="node of each instance in instance order, e.g. 0,1, as planned at "
-                                         "deploy time from one snapshot (memory fit is still checked now)")
-    group.add_argument("--page-cache", choices=PAGE_CACHE_ACTIONS, default=None,
-                       help="model pages cached on a remote node: drop them so the server re-reads them "
-                            "locally (evict, the default when binding), only report (warn), ignore, or give "
-                            "the server a copy of each --model file for its nodes (replicate: needed when "
-                            "instances on several nodes map one model)")
-    group.add_argument("--replica-dir", help="where replicate keeps the per-node copies (default: the unit's "
-                                             "$STATE_DIRECTORY)")
+    for option in OPTIONS:
+        _add_request_option(group, option)
+
+
+def _add_request_option(group: Any, option: Option) -> None:
+    """One option of request.py's table; its default is the planner's, so --help shows it."""
+    text = option.help.replace("%", "%%")  # argparse formats help with %
+    if option.default is not None and option.kind != "list":
+        text += " (default: %(default)s)"
+    if option.kind == "bool":
+        group.add_argument(option.flag, dest=option.name, action="store_true", default=option.default, help=text)
+        group.add_argument(option.negative_flag, dest=option.name, action="store_false",
+                           help="the opposite of %s" % option.flag)
+        return
+    settings: Dict[str, Any] = {"dest": option.name, "default": option.fresh_default(), "help": text}
+    if option.choices:
+        settings["choices"] = option.choices
+    if option.kind == "int":
+        settings["type"] = int
+    elif option.kind == "list":
+        settings["action"] = "append"
+    group.add_argument(option.flag, **settings)
 
 
 # --- requests -------------------------------------------------------------
-
-
-def build_request(options: Dict[str, Any]) -> Request:
-    """A placement Request from CLI/module options; a model path is measured here.
-
-    ``model_size`` may be bytes, a size string or a path; with no size, the
-    ``model`` paths are measured. This is the only I/O before planning.
-    """
-    from .placement import Request
-
-    chosen = {name: options.get(name) for name in REQUEST_OPTIONS}
-    if chosen["node"] == "auto":
-        chosen["node"] = None
-    chosen["model_size"] = _model_size(chosen["model_size"], options.get("model") or [])
-    return Request.from_options(chosen)
-
-
-def _model_size(model_size: Any, models: List[str]) -> Any:
-    """A path measured in bytes; sizes ("14G", bytes) go on to the Request, which parses them."""
-    from .sizes import size_of_path
-
-    if model_size is None:
-        return sum(size_of_path(path) for path in models) if models else None
-    if isinstance(model_size, str) and (os.sep in model_size or os.path.exists(model_size)):
-        return size_of_path(model_size)
-    return model_size
 
 
 def _plan(root: str, args: argparse.Namespace) -> Tuple[Dict[str, Any], Plan]:
@@ -238,8 +204,7 @@ def run_exec(args: argparse.Namespace, server_argv: List[str]) -> int:
 
 
 def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
-    from .audit import audit_pids, audit_unit
-    from .cost import load_plan
+    from .audit import audit_pids, audit_unit, load_plan
 
     if bool(args.pid) == bool(args.unit):
         raise NumaError("audit needs either --unit NAME or --pid PID (repeatable), not both")
@@ -253,9 +218,9 @@ def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
 
 
 def run_cost(args: argparse.Namespace, _server_argv: List[str]) -> int:
-    from .cost import run_cli
+    from .cli_cost import run
 
-    return run_cli(args, sys.stdout)
+    return run(args, sys.stdout)
 
 
 # --- applying a plan ------------------------------------------------------

@@ -21,21 +21,18 @@ docs/placement.md states the rules for users.
 """
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
+from .request import CHOICES, DEFAULTS
 from .sizes import format_size, parse_size
 
 __all__ = ["PlacementError", "Request", "Plan", "plan", "parse_size", "parse_cpulist",
-           "format_cpulist", "parse_headroom", "DEFAULT_HEADROOM"]
+           "format_cpulist", "parse_headroom"]
 
-POLICIES = ("auto", "bind", "preferred", "interleave")
-ON_UNFIT = ("interleave", "fail")
-SCOPES = ("node", "socket")
-DEFAULT_HEADROOM = "10%+1G"
 # What the kernel assumes between two nodes when firmware gives no SLIT.
 REMOTE_DISTANCE = 20
 LOCAL_DISTANCE = 10
@@ -62,22 +59,24 @@ class Request:
     a count N (instance i gets GPUs i*N .. i*N+N-1) or a list of PCI addresses.
     model_size: bytes (or a size string such as "14G"); None skips the fit check.
     memory_headroom: added to model_size: "P%" of the model, a size, or a sum of
-    both ("10%+1G", the default; "2G"; "0").
+    both ("10%+1G"; "2G"; "0").
+    reserve_cpus: a cpu list string or cpu numbers; None reserves none.
+    Defaults and choices are request.py's, the table every interface is built from.
     """
 
-    node: Optional[int] = None
-    gpus: Union[str, int, List[str]] = "auto"
-    model_size: Optional[int] = None
-    memory_headroom: str = DEFAULT_HEADROOM
-    smt: bool = True
-    reserve_cpus: List[int] = field(default_factory=list)
-    scope: str = "node"
-    instances: int = 1
-    instance: int = 0
-    policy: str = "auto"
-    on_unfit: str = "interleave"
-    port_base: Optional[int] = None
-    anchors: Optional[List[int]] = None
+    node: Optional[int] = DEFAULTS["node"]
+    gpus: Union[str, int, List[str]] = DEFAULTS["gpus"]
+    model_size: Optional[int] = DEFAULTS["model_size"]
+    memory_headroom: str = DEFAULTS["memory_headroom"]
+    smt: bool = DEFAULTS["smt"]
+    reserve_cpus: Optional[List[int]] = DEFAULTS["reserve_cpus"]
+    scope: str = DEFAULTS["scope"]
+    instances: int = DEFAULTS["instances"]
+    instance: int = DEFAULTS["instance"]
+    policy: str = DEFAULTS["policy"]
+    on_unfit: str = DEFAULTS["on_unfit"]
+    port_base: Optional[int] = DEFAULTS["port_base"]
+    anchors: Optional[List[int]] = DEFAULTS["anchors"]
 
     def __post_init__(self) -> None:
         self.node = _optional_int("node", self.node)
@@ -85,15 +84,15 @@ class Request:
         self.model_size = None if self.model_size is None else _size("model_size", self.model_size)
         self.memory_headroom = _headroom_text(self.memory_headroom)
         self.smt = _boolean("smt", self.smt)
-        self.reserve_cpus = _cpu_ids("reserve_cpus", self.reserve_cpus)
-        self.scope = _choice("scope", self.scope, SCOPES)
+        self.reserve_cpus = [] if self.reserve_cpus is None else _cpu_ids("reserve_cpus", self.reserve_cpus)
+        self.scope = _choice("scope", self.scope, CHOICES["scope"])
         self.instances = _int("instances", self.instances, minimum=1)
         self.instance = _int("instance", self.instance, minimum=0)
         if self.instance >= self.instances:
             raise NumaError("instance %d is out of range for instances=%d: instances are numbered "
                             "0..%d" % (self.instance, self.instances, self.instances - 1))
-        self.policy = _choice("policy", self.policy, POLICIES)
-        self.on_unfit = _choice("on_unfit", self.on_unfit, ON_UNFIT)
+        self.policy = _choice("policy", self.policy, CHOICES["policy"])
+        self.on_unfit = _choice("on_unfit", self.on_unfit, CHOICES["on_unfit"])
         self.port_base = _port_base(self.port_base, self.instances)
         self.anchors = _anchors(self.anchors, self.instances, self.node)
 

@@ -19,9 +19,9 @@ import re
 import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cli import REQUEST_FLAGS
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
+from .request import OPTIONS, check_names
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
 # only of these is written bare, anything else is double-quoted.
@@ -172,20 +172,17 @@ def unit_prefix(name: Any) -> str:
 
 
 def request_flags(request: Mapping[str, Any]) -> List[str]:
-    """``numa-pin exec`` flags for a placement request (keys as REQUEST_FLAGS, None = unset)."""
-    unknown = sorted(set(request) - set(REQUEST_FLAGS))
-    if unknown:
-        raise NumaError("unknown placement option(s) %s: known are %s" % (", ".join(unknown), ", ".join(REQUEST_FLAGS)))
-    flags = []  # type: List[str]
-    for key in REQUEST_FLAGS:
-        value = request.get(key)
+    """``numa-pin exec`` flags for a placement request (request.py's option names, None = unset)."""
+    check_names(request)
+    flags: List[str] = []
+    for option in OPTIONS:
+        value = request.get(option.name)
         if value is None:
             continue
-        flag = "--" + key.replace("_", "-")
         if isinstance(value, bool):
-            flags.append(flag if value else "--no-" + key.replace("_", "-"))
+            flags.append(option.flag if value else option.negative_flag)
         else:
-            flags.extend([flag, str(value)])
+            flags.extend([option.flag, str(value)])
     return flags
 
 

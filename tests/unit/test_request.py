@@ -1,0 +1,288 @@
+"""One request schema: request.py's table against everything that spells a placement request out.
+
+numa-pin's flags, numa_plan's argument spec and a unit's ExecStart= flags are built
+from the table, and are checked here through their own parsers. The role's
+meta/argument_specs.yml, vars and tasks, and numa_plan's DOCUMENTATION, are text
+written for people: these tests fail when that text and the table disagree. The
+last test runs the role's planning tasks with ansible-playbook and checks that
+numa_plan plans what numa-pin would plan from the unit's flags.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.modules import numa_plan
+
+from tests.fixtures import sysfs
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROLE = os.path.join(REPO, "roles", "inference_service")
+SPEC_KEYS = ("type", "elements", "choices", "default")
+
+# A value for every option, each unlike its default; adding an option to the table means adding it here.
+EVERY_OPTION = {"node": "1", "gpus": "2", "model_size": "14G", "model": "/srv/models/m.gguf",
+                "memory_headroom": "5%+2G", "smt": False, "reserve_cpus": "0-1", "scope": "socket", "instances": 4,
+                "instance": 3, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate",
+                "replica_dir": "/srv/replicas", "port_base": 8000, "anchors": "0,0,1,1"}
+
+# The role works these out per layout and instance instead of reading them from a service entry.
+ROLE_COMPUTED = ("instances", "instance", "anchors")
+
+
+def _table_spec(option):
+    return _typing({"type": option.kind, "elements": option.elements, "choices": option.choices,
+                    "default": option.default})
+
+
+def _role_spelling(option):
+    """(name, spec) an inference_service_list entry gives the option: one model file; node ids may be YAML numbers.
+    No default: the entry's null (vars/main.yml) leaves the planner's, the same at deploy time and at start."""
+    if option.name == "model":
+        return "model_path", {"type": "str"}
+    if option.name == "node":
+        return "node", {"type": "raw"}
+    spec = _table_spec(option)
+    spec.pop("default", None)
+    return option.name, spec
+
+
+def _typing(spec):
+    return {key: list(spec[key]) if key == "choices" else spec[key] for key in SPEC_KEYS if spec.get(key) is not None}
+
+
+def _role_yaml(*parts):
+    with open(os.path.join(ROLE, *parts)) as handle:
+        return yaml.safe_load(handle)
+
+
+def _service_task(name):
+    return next(task for task in _role_yaml("tasks", "service.yml") if task["name"] == name)
+
+
+def _role_request_names():
+    return [_role_spelling(option)[0] for option in request.OPTIONS if option.name not in ROLE_COMPUTED]
+
+
+# --- what is built from the table ---------------------------------------------------------------------
+
+def test_every_option_has_a_sample_value():
+    assert list(EVERY_OPTION) == [option.name for option in request.OPTIONS]
+
+
+def test_numa_pin_defaults_are_the_tables():
+    args, _ = cli._parse(["explain"])
+    assert {name: getattr(args, name) for name in request.BY_NAME} == request.DEFAULTS
+
+
+@pytest.mark.parametrize("option", [option for option in request.OPTIONS if option.choices], ids=lambda o: o.name)
+def test_numa_pin_takes_exactly_the_tables_choices(option):
+    for choice in option.choices:
+        assert getattr(cli._parse(["explain", option.flag, choice])[0], option.name) == choice
+    with pytest.raises(SystemExit):
+        cli._parse(["explain", option.flag, "nonsense"])
+
+
+@pytest.mark.parametrize("smt", [False, True])
+def test_unit_flags_read_back_by_numa_pin_exec_are_the_request(smt):
+    wanted = dict(EVERY_OPTION, smt=smt)
+    flags = systemd.request_flags(wanted)
+    args, server = cli._parse(["exec"] + flags + ["--", "/usr/bin/server"])
+    assert server == ["/usr/bin/server"]
+    assert {name: getattr(args, name) for name in request.BY_NAME} == dict(wanted, model=[wanted["model"]])
+    named = [flag for flag in flags if flag.startswith("--")]
+    assert named == [option.negative_flag if wanted[option.name] is False else option.flag
+                     for option in request.OPTIONS]
+
+
+def test_numa_plan_argument_spec_is_the_tables_planning_part():
+    spec = numa_plan.ARGUMENT_SPEC
+    assert {name: spec[name] for name in spec if name in request.BY_NAME} == request.argument_spec()
+    assert set(request.argument_spec()) == {option.name for option in request.OPTIONS
+                                            if option.stage != request.START}
+    for option in request.OPTIONS:
+        expected = {} if option.stage == request.START else _table_spec(option)
+        assert _typing(spec.get(option.name, {})) == expected, option.name
+
+
+def test_request_takes_its_fields_defaults_and_choices_from_the_table():
+    planner = [option for option in request.OPTIONS if option.stage == request.PLANNER]
+    fields = Request.__dataclass_fields__
+    assert list(fields) == [option.name for option in planner]
+    assert {name: fields[name].default for name in fields} == {option.name: option.default for option in planner}
+    for option in planner:
+        for choice in option.choices or ():
+            assert getattr(Request(**{option.name: choice}), option.name) == choice
+        if option.choices:
+            with pytest.raises(NumaError, match="choose one of %s" % ", ".join(option.choices)):
+                Request(**{option.name: "nonsense"})
+
+
+def test_numa_plan_args_keep_the_set_options_numa_plan_takes():
+    args = request.module_args(dict(EVERY_OPTION, node=1, gpus=1, smt=None))
+    assert set(args) == set(request.argument_spec()) - {"smt"}
+    assert (args["node"], args["gpus"], args["instances"]) == ("1", 1, 4)  # numa_plan's node is a string
+    assert args["model"] == [EVERY_OPTION["model"]]  # one path, even with a comma in it
+    with pytest.raises(NumaError, match="unknown placement option"):
+        request.module_args({"threads": 4})
+
+
+def test_build_request_measures_the_model_when_no_size_is_given(tmp_path):
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"\1" * 4096)
+    assert request.build_request({"model": [str(model)]}).model_size == 4096
+    assert request.build_request({"model_size": str(model), "node": "auto"}).model_size == 4096
+    assert request.build_request({"model_size": "1K", "model": [str(model)]}).model_size == 1024
+    assert request.build_request({"node": "auto"}).node is None
+
+
+# --- what is written for people --------------------------------------------------------------------------
+
+def test_numa_plan_documentation_is_its_argument_spec():
+    documented = yaml.safe_load(numa_plan.DOCUMENTATION)["options"]
+    assert list(documented) == list(numa_plan.ARGUMENT_SPEC)
+    for name, spec in numa_plan.ARGUMENT_SPEC.items():
+        assert _typing(documented[name]) == _typing(spec), name
+
+
+def test_role_argument_specs_spell_the_request_like_the_table():
+    entry = _role_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]["inference_service_list"]
+    expected = dict(_role_spelling(option) for option in request.OPTIONS if option.name not in ROLE_COMPUTED)
+    assert {name: _typing(entry["options"].get(name, {})) for name in expected} == expected
+
+
+def test_role_entries_leave_request_defaults_to_the_planner():
+    defaults = _role_yaml("vars", "main.yml")["inference_service_entry_defaults"]
+    names = _role_request_names()
+    assert {name: defaults.get(name, "missing") for name in names} == dict.fromkeys(names)
+
+
+def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option():
+    built = _service_task("Build the placement request")["ansible.builtin.set_fact"]["_inference_service_request"]
+    # instance is the unit's %i, and the loop item of the planning task.
+    assert set(built) == set(request.BY_NAME) - {"instance"}
+    planned = _service_task("Plan each instance")["inferops.numa.numa_plan"]
+    assert set(planned) - {"record_file"} == set(request.argument_spec())
+
+
+def test_placement_docs_give_the_planners_defaults_and_choices():
+    with open(os.path.join(REPO, "docs", "placement.md")) as handle:
+        rows = re.findall(r"^\| (`\w+`(?:, `\w+`)*) \| ([^|]*) \| ([^|]*) \|$", handle.read(), re.MULTILINE)
+    documented = {}
+    for names, defaults, meaning in rows:
+        names = re.findall(r"`(\w+)`", names)
+        defaults = defaults.split(", ") if len(names) > 1 else [defaults]
+        documented.update((name, (default, meaning)) for name, default in zip(names, defaults))
+    planner = [option for option in request.OPTIONS if option.stage == request.PLANNER]
+    assert set(documented) == {option.name for option in planner}
+    for option in planner:
+        default, meaning = documented[option.name]
+        if option.default is not None:
+            assert default == "`%s`" % json.dumps(option.default).strip('"'), option.name
+        for choice in option.choices or ():
+            assert "`%s`" % choice in default + meaning, (option.name, choice)
+
+
+def test_the_systemd_numa_minimum_is_one_number():
+    minimum = systemd.SYSTEMD_NUMA_MIN_VERSION
+    assert _role_yaml("vars", "main.yml")["inference_service_systemd_numa_min_version"] == minimum
+    with open(os.path.join(ROLE, "tasks", "service.yml")) as handle:
+        assert str(minimum) not in handle.read()
+    for text_file in ("README.md", os.path.join("meta", "argument_specs.yml")):
+        with open(os.path.join(ROLE, text_file)) as handle:
+            assert "systemd >= %d" % minimum in handle.read(), text_file
+
+
+# --- the role's planning tasks, run by Ansible --------------------------------------------------------------
+
+PLANNING_TASKS = ("Count the instances of the layout", "Build the placement request", "Plan each instance")
+PLAN_PLAYBOOK = """\
+- name: Plan each case as the inference_service role does
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  module_defaults:
+    inferops.numa.numa_plan:
+      root: "{{ root }}"
+  tasks:
+    - name: Read the captured host
+      inferops.numa.numa_facts:
+        root: "{{ root }}"
+    - name: Plan every case
+      ansible.builtin.include_tasks: case.yml
+      loop: "{{ cases }}"
+      loop_control:
+        loop_var: _case
+    - name: Keep what the role asked and numa_plan answered
+      ansible.builtin.copy:
+        content: "{{ planned | to_json }}"
+        dest: "{{ out }}"
+        mode: "0644"
+"""
+
+
+def _case_tasks():
+    """The role's own planning tasks between a set_fact that resolves the entry and one that keeps the outcome."""
+    resolve = {"name": "Resolve the entry", "ansible.builtin.set_fact": {
+        "_inference_service_cfg": "{{ inference_service_entry_defaults | combine(_case) }}",
+        "_inference_service_unit": "{{ _case.name }}"}}
+    keep = {"name": "Keep the outcome", "ansible.builtin.set_fact": {
+        "planned": "{{ planned | default([]) + [{'request': _inference_service_request, "
+                   "'plans': _inference_service_plans.results | map(attribute='plan') | list}] }}"}}
+    return [resolve] + [_service_task(name) for name in PLANNING_TASKS] + [keep]
+
+
+@pytest.fixture(scope="module")
+def role_plans(tmp_path_factory):
+    """[(entry, the role's request, [numa_plan's plan per instance])] from one ansible-playbook run, and the root."""
+    work = tmp_path_factory.mktemp("role_plans")
+    root = sysfs.dual_socket_gpus().write(str(work / "root"))
+    model = work / "model.gguf"
+    model.write_bytes(b"\1" * 3 * 1024 * 1024)
+    cases = [
+        {"name": "single", "model_path": str(model)},
+        {"name": "nodes", "layout": "per_node", "policy": "bind", "smt": False, "reserve_cpus": "0",
+         "memory_headroom": "0", "on_unfit": "fail", "port_base": 8080, "scope": "node", "model_path": str(model),
+         "model_size": 5000000},
+        {"name": "gpus", "layout": "per_gpu", "model_size": "1G"},
+        {"name": "pinned", "node": 1, "gpus": "none", "page_cache": "replicate", "replica_dir": "/srv/replicas",
+         "model_path": str(model)},
+    ]
+    (work / "case.yml").write_text(yaml.safe_dump(_case_tasks()))
+    (work / "plan.yml").write_text(PLAN_PLAYBOOK)
+    out = work / "planned.json"
+    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, out=str(out),
+                     inference_service_defaults={}, inference_service_plan_dir=str(work / "plans"))
+    (work / "vars.json").write_text(json.dumps(variables))
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    done = subprocess.run([playbook, "-i", "localhost,", str(work / "plan.yml"), "-e", "@" + str(work / "vars.json"),
+                           "-e", "ansible_python_interpreter=" + sys.executable],
+                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, check=False)
+    assert done.returncode == 0 and out.exists(), done.stdout
+    assert "[WARNING]" not in done.stdout, done.stdout
+    planned = json.loads(out.read_text())
+    return [(case, outcome["request"], outcome["plans"]) for case, outcome in zip(cases, planned)], root
+
+
+def test_the_role_plans_each_instance_as_numa_pin_will_from_the_units_flags(role_plans):
+    outcomes, root = role_plans
+    topology = read(root)
+    for case, role_request, plans in outcomes:
+        assert len(plans) == role_request["instances"], case["name"]
+        for instance, deployed in enumerate(plans):
+            # What the unit's ExecStart= hands numa-pin exec for this instance.
+            argv = ["exec", "--instance", str(instance)] + systemd.request_flags(role_request) + ["--", "server"]
+            args, _ = cli._parse(argv)
+            at_start = plan(topology, request.build_request(vars(args))).to_dict()
+            assert deployed == json.loads(json.dumps(at_start)), (case["name"], instance)
