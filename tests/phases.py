@@ -32,6 +32,7 @@ LOGS = REPO / "build" / "logs"
 VENV_BIN = REPO / ".venv" / "bin"
 # The Python checks yield the CPU to the builds and the lab's emulated guest, which set the pace.
 CHECKS_NICENESS = 10
+LOG_COLUMNS = 200
 
 
 class Phase:
@@ -79,6 +80,9 @@ def phase_environment(base: Dict[str, str]) -> Dict[str, str]:
     env["PATH"] = os.pathsep.join([str(VENV_BIN)] + [part for part in env.get("PATH", "").split(os.pathsep)
                                                     if part and part != str(VENV_BIN)])
     env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
+    # molecule boxes and wraps its tools' output at the console width, 80 on a pipe: a failing test's
+    # id would be cut over several lines of the log.
+    env.setdefault("COLUMNS", str(LOG_COLUMNS))
     return env
 
 
@@ -194,12 +198,25 @@ _SANITY_ERROR = re.compile(r"^ERROR: (.+)")
 _TERMINAL_CODES = re.compile(r"\x1b\[[0-9;]*m|\x1b\]8;;[^\x1b]*\x1b\\")
 
 
+def _unwrapped(lines: List[str]) -> List[str]:
+    """Lines without molecule's box; a line it wrapped ("FAILED", then the test id over two lines,
+    each continuation indented) joined again."""
+    joined: List[str] = []
+    for raw in lines:
+        line = raw.strip(" \u2502").rstrip()
+        continues = raw.lstrip(" ").startswith("\u2502   ") and joined and joined[-1]
+        if continues and (joined[-1] in ("FAILED", "ERROR") or joined[-1].count("[") > joined[-1].count("]")):
+            joined[-1] += (" " if joined[-1] in ("FAILED", "ERROR") else "") + line
+        else:
+            joined.append(line)
+    return joined
+
+
 def failing_checks(log_text: str, limit: int = 10) -> List[str]:
     """The checks a failed phase's log names, most specific first; the last line as a fallback."""
     found: List[str] = []
     task = rule = None
-    for line in _TERMINAL_CODES.sub("", log_text).splitlines():
-        line = line.strip(" \u2502").rstrip()
+    for line in _unwrapped(_TERMINAL_CODES.sub("", log_text).splitlines()):
         match = _TASK.match(line)
         if match:
             task = match.group(1)

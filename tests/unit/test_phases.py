@@ -105,6 +105,12 @@ def test_table_lists_every_phase_with_its_wall_time(logs):
     ("  \u2502 TASK [Install the helper] ***\n  \u2502 fatal: [numa-lab]: FAILED! => {}\n",
      ["task 'Install the helper' on numa-lab"]),
     ("compiling\nbuild_server: pip download failed\n", ["build_server: pip download failed"]),
+    # molecule's box around testinfra's summary, wrapped at 80 columns
+    ("  \u2502 =========== short test summary info\n  \u2502   ============\n  \u2502 FAILED\n"
+     "  \u2502   tests/test_lab.py::test_oversized_instance_is_interleaved_evenly[ansible:/\n"
+     "  \u2502   /numa-lab]\n  \u2502 =========== 1 failed, 31 passed in 598.71s (0:09:58)\n"
+     "default : actions=7  successful=5  failed=1\n",
+     ["test tests/test_lab.py::test_oversized_instance_is_interleaved_evenly[ansible://numa-lab]"]),
 ])
 def test_failing_checks_are_named_from_the_log(log, expected):
     assert phases.failing_checks(log) == expected
