@@ -75,6 +75,13 @@ def health(host, port: int) -> dict:
     return json.loads(result.stdout)
 
 
+# An interleaved service's pages are only roughly even: task interleave takes the next node per
+# allocation, and a 2 MiB THP or a large page-cache folio is one allocation of 512 pages; a node
+# below its low watermark passes the page to the other node (zone_reclaim_mode 0). A policy that
+# does not interleave puts (nearly) everything on one node, far outside this.
+INTERLEAVED_MIN_SHARE = 0.25
+
+
 def share(pages: dict, node: int) -> float:
     total = sum(pages.values())
     return pages.get("N%d" % node, 0) / float(total) if total else 0.0
