@@ -66,7 +66,7 @@ demo-down: venv
 	$(BIN)/python lab/demo.py down
 
 bench: lab-venv apt
-	cd bench && ../$(BIN)/python facts_bench.py && ../$(BIN)/python pin_bench.py && ../$(BIN)/python cost_bench.py \
+	cd bench && ../$(BIN)/python start_bench.py && ../$(BIN)/python facts_bench.py && ../$(BIN)/python cost_bench.py \
 	  && ../$(BIN)/python llama_bench.py
 
 clean:

@@ -1,41 +1,13 @@
-"""Issue 2 benchmark: topology read vs lstopo, and numa_facts vs Ansible's ping.
+"""Issue 2 benchmark: numa_facts vs Ansible's ping (numa-pin facts vs lstopo: start_bench.py).
 
     .venv/bin/python bench/facts_bench.py [--runs N]
 """
 
 import argparse
 import os
-import shutil
 import sys
-import tarfile
-import tempfile
 
-from timing import PACKAGE_PARENT, PYTHON, REPO, report, time_command
-
-DUMP = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux", "256ia64-64n2s2c.tar.bz2")
-READ = ("import json, sys; sys.path.insert(0, %r); from numa.topology import read; "
-        "json.dumps(read(sys.argv[1]))" % PACKAGE_PARENT)
-
-
-def reader_vs_lstopo(runs):
-    if not os.path.exists(DUMP):
-        print("skipped reader vs lstopo: %s not present" % DUMP)
-        return
-    lstopo = shutil.which("lstopo-no-graphics")
-    with tempfile.TemporaryDirectory() as scratch:
-        with tarfile.open(DUMP) as archive:
-            archive.extractall(scratch)
-        (top,) = os.listdir(scratch)
-        root = os.path.join(scratch, top)
-        rows = [("numa-pin facts: python3 -I -S reader (256 CPUs, 64 nodes)",
-                 time_command([PYTHON, "-I", "-S", "-c", READ, root], runs))]
-        if lstopo:
-            env = dict(os.environ, HWLOC_FSROOT=root, HWLOC_COMPONENTS="linux,stop")
-            rows.append(("lstopo-no-graphics --of xml (same dump)", time_command([lstopo, "--of", "xml"], runs, env)))
-            report("topology read, whole process", rows, rows[-1][0], "ratio <= 1.0 against lstopo")
-        else:
-            print("lstopo-no-graphics not installed (apt-get install hwloc): reader only")
-            report("topology read, whole process", rows, rows[0][0], "ratio <= 1.0 against lstopo")
+from timing import PYTHON, REPO, report, time_command
 
 
 def facts_vs_ping(runs):
@@ -55,9 +27,7 @@ def facts_vs_ping(runs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=10)
-    runs = parser.parse_args().runs
-    reader_vs_lstopo(runs)
-    facts_vs_ping(max(3, runs // 2))
+    facts_vs_ping(max(3, parser.parse_args().runs // 2))
 
 
 if __name__ == "__main__":

@@ -24,14 +24,7 @@ import tempfile
 import time
 import urllib.request
 
-from timing import PACKAGE_PARENT, PYTHON, REPO, time_command
-
-LAUNCHER = """#!%s -IS
-import sys
-sys.path.insert(0, %r)
-from numa.cli import main
-sys.exit(main())
-"""
+from timing import REPO, install_helper, time_command
 
 
 def cached_output(argv):
@@ -103,10 +96,7 @@ def main():
                            "--size-mb", str(args.size_mb)])
     threads = len(os.sched_getaffinity(0))
     with tempfile.TemporaryDirectory() as scratch:
-        launcher = os.path.join(scratch, "numa-pin")
-        with open(launcher, "w") as handle:
-            handle.write(LAUNCHER % (PYTHON, PACKAGE_PARENT))
-        os.chmod(launcher, 0o755)
+        launcher = install_helper(scratch)
         modes = {"unpinned": [], "numa-pin exec --node 0": [launcher, "exec", "--node", "0", "--gpus", "none",
                                                             "--model", model, "--"]}
         samples = {name: [] for name in modes}

@@ -21,8 +21,7 @@ import sys
 import tempfile
 import time
 
-from pin_bench import LAUNCHER
-from timing import PACKAGE_PARENT, PYTHON, report, time_command
+from timing import PACKAGE_PARENT, install_helper, report, time_command
 
 sys.path.insert(0, PACKAGE_PARENT)
 from numa import pagecache  # noqa: E402  (the package is found through PACKAGE_PARENT)
@@ -108,10 +107,7 @@ def time_looks(model, runs):
 
 
 def time_commands(model, scratch, runs):
-    launcher = os.path.join(scratch, "numa-pin")
-    with open(launcher, "w") as handle:
-        handle.write(LAUNCHER % (PYTHON, PACKAGE_PARENT))
-    os.chmod(launcher, 0o755)
+    launcher = install_helper(os.path.join(scratch, "helper"))
     base = [launcher, "exec", "--node", "0"]
     variants = [
         ("exec --node 0 -- /bin/true (no --model)", base),

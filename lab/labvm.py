@@ -343,7 +343,7 @@ def free_port() -> int:
 
 
 def _accel() -> str:
-    # KVM guests hang on these hosts (lab-notes.md); opt in explicitly where it works.
+    # KVM guests hang on these hosts (lab/README.md); opt in explicitly where it works.
     accel = os.environ.get("INFEROPS_NUMA_ACCEL", "tcg")
     if accel not in ("tcg", "kvm"):
         raise LabError("INFEROPS_NUMA_ACCEL=%r: use 'tcg' or 'kvm'" % accel)

@@ -217,7 +217,7 @@ ARGUMENT_SPEC = {
 }
 
 
-def write_dropin(module: AnsibleModule, plan: balancing.Plan) -> None:
+def write_dropin(module: AnsibleModule, plan: balancing.BalancingPlan) -> None:
     """Replace or remove the drop-in atomically; a half-written sysctl file would apply at boot."""
     path = plan.dropin_file
     if plan.dropin_after is None:
@@ -248,8 +248,8 @@ def write_dropin(module: AnsibleModule, plan: balancing.Plan) -> None:
 
 def run(module: AnsibleModule) -> dict:
     params = module.params
-    request = balancing.Request(params["state"], params["value"], params["persist"],
-                                params["zone_reclaim_mode"], params["on_conflict"])
+    request = balancing.BalancingRequest(params["state"], params["value"], params["persist"],
+                                         params["zone_reclaim_mode"], params["on_conflict"])
     plan = balancing.make_plan(params["root"], request)
     result = balancing.result(plan, module.check_mode)
     if plan.error:

@@ -196,7 +196,8 @@ method:
       description: The latency method with buffer sizes and step counts.
       type: str
     latency_error:
-      description: The known error of the latency method.
+      description: The known error of the latency method, with what this run subtracted from the raw chase (the
+        range of RV(method.overhead_ns) over the measured pairs, in ns and as a share of RV(method.raw_ns)).
       type: str
     bandwidth:
       description: The bandwidth method and what GB/s counts.

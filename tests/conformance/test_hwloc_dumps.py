@@ -23,6 +23,8 @@ import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
+from tests.tools import ansible_command
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")
 TARBALLS = sorted(glob.glob(os.path.join(DUMPS, "*.tar.bz2")))
@@ -170,11 +172,7 @@ def test_numa_facts_module_ad_hoc_on_every_dump(dump_roots, tmp_path):
         % json.dumps(sorted(dump_roots.values()))
     )
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    ansible_playbook = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", ".venv", "bin",
-                                    "ansible-playbook")
-    if not os.path.exists(ansible_playbook):
-        ansible_playbook = shutil.which("ansible-playbook")
-    result = subprocess.run([ansible_playbook, "-i", "localhost,", "-c", "local", "-e",
+    result = subprocess.run([ansible_command("ansible-playbook"), "-i", "localhost,", "-c", "local", "-e",
                              "ansible_python_interpreter=" + sys.executable, str(playbook)], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]

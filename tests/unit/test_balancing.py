@@ -18,7 +18,7 @@ def host(tmp_path):
 
 
 def plan(host, **request):
-    return b.make_plan(host.path, b.Request(**request))
+    return b.make_plan(host.path, b.BalancingRequest(**request))
 
 
 def sequence(host, with_ours=False):

@@ -69,6 +69,25 @@ def test_bad_arguments_are_clear_errors(args):
     assert "Traceback" not in result.stderr and result.stderr.strip()
 
 
+@pytest.mark.parametrize("args, why", [
+    (["audit"], "not neither"),
+    (["audit", "--pid", "1", "--unit", "x.service"], "not both"),
+])
+def test_audit_wants_pids_or_a_unit(args, why):
+    result = numa_pin(*args)
+    assert result.returncode == cli.EXIT_BAD_REQUEST and why in result.stderr, result.stderr
+
+
+def test_audit_of_a_pid_reports_where_its_memory_is(tmp_path):
+    plan_file = tmp_path / "plan.json"
+    plan_file.write_text(json.dumps({"policy": "preferred", "mem_nodes": [0], "cpus": sorted(os.sched_getaffinity(0))}))
+    result = numa_pin("audit", "--pid", str(os.getpid()), "--plan-json", str(plan_file))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert [process["pid"] for process in report["processes"]] == [os.getpid()]
+    assert report["expected_mem_nodes"] == [0] and report["resident_bytes"] > 0
+
+
 def test_facts_prints_the_reader_json(tmp_path):
     root = sysfs.amd_nps4().write(str(tmp_path))
     assert json.loads(numa_pin("facts", "--root", root).stdout) == json.loads(json.dumps(read(root)))

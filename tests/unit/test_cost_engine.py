@@ -510,7 +510,33 @@ def test_method_names_the_page_size_the_chase_saw():
     topology = two_nodes()
     topology["kernel"]["transparent_hugepage"] = "always"
     text = cost.measure(topology, cost.CostOptions(buffer_mb=1), runner=runner, rng=random.Random(1))["method"]
-    assert "2 MiB pages" in text["latency_error"] and "3-11 % below a C chase" in text["latency_error"]
+    assert "2 MiB pages" in text["latency_error"]
     topology["kernel"]["transparent_hugepage"] = "madvise"
     text = cost.measure(topology, cost.CostOptions(buffer_mb=1), runner=runner, rng=random.Random(1))["method"]
     assert "TLB misses of 4 KiB pages are included" in text["latency_error"]
+
+
+def test_method_states_what_this_run_subtracted():
+    overheads = {(0, 0): 18.04, (0, 1): 23.4, (1, 0): 21.0, (1, 1): 19.5}
+
+    def runner(work, timeout):
+        key = (work.cpus[0] // 2, work.node)
+        return {"latency_ns": LAT[key], "raw_ns": LAT[key] + overheads[key], "overhead_ns": overheads[key],
+                "spread": 1.0, "bandwidth_gbps": BW[key], "placement": "65 of 65 sampled pages on node 1"}
+
+    result = cost.measure(two_nodes(), cost.CostOptions(buffer_mb=1), runner=runner, rng=random.Random(1))
+    method = result["method"]
+    overhead = [cell for row in method["overhead_ns"] for cell in row]
+    shares = [100 * cell / raw for row, raws in zip(method["overhead_ns"], method["raw_ns"])
+              for cell, raw in zip(row, raws)]
+    expected = "overhead_ns was %.1f-%.1f ns, %.0f-%.0f %% of raw_ns" % (min(overhead), max(overhead),
+                                                                      min(shares), max(shares))
+    assert expected in method["latency_error"]
+
+
+def test_method_says_when_no_pair_was_measured():
+    topology = two_nodes()
+    for node in topology["nodes"]:
+        node["memory_free_kb"] = 0
+    method = cost.measure(topology, cost.CostOptions(buffer_mb=1), runner=None, rng=random.Random(1))["method"]
+    assert "no pair was measured in this run" in method["latency_error"]

@@ -188,10 +188,8 @@ def test_evict_keeps_pages_on_local_nodes(cached_file):
 
 
 def test_evict_refuses_while_another_process_maps_the_file(cached_file, mapper):
-    assert mapper.pid in pagecache.mapping_pids(cached_file)
-    assert os.getpid() not in pagecache.mapping_pids(cached_file)
     result = pagecache.evict_remote(cached_file, [])
-    assert mapper.pid in result["mapped_by"]
+    assert mapper.pid in result["mapped_by"] and os.getpid() not in result["mapped_by"]
     assert str(mapper.pid) in result["skipped_reason"]
     assert any(str(mapper.pid) in warning for warning in result["warnings"])
     assert (result["evicted_pages"], result["requested_pages"]) == (0, 0)
@@ -199,7 +197,7 @@ def test_evict_refuses_while_another_process_maps_the_file(cached_file, mapper):
     assert fincore_pages(cached_file) == PAGES
 
 
-def test_mapping_pids_reads_a_proc_tree_and_tolerates_odd_entries(cached_file, tmp_path):
+def test_mappers_are_read_from_the_proc_tree_under_root_and_odd_entries_tolerated(cached_file, tmp_path):
     info = os.stat(cached_file)
     dev = "%02x:%02x" % (os.major(info.st_dev), os.minor(info.st_dev))
     other_dev = "%02x:%02x" % (os.major(info.st_dev) + 1, os.minor(info.st_dev))
@@ -211,14 +209,14 @@ def test_mapping_pids_reads_a_proc_tree_and_tolerates_odd_entries(cached_file, t
         "555": "55-56 rw-p 0 00:00 0 [heap]\n7f00-7f10 r--s 0 %s %d %s\n" % (other_dev, info.st_ino, cached_file),
         "666": "7f00-7f10 r--s 0 %s %d /elsewhere/model.bin\n" % (other_dev, info.st_ino),
     }
+    proc = tmp_path / "proc"
     for pid, text in maps.items():
-        (tmp_path / pid).mkdir()
-        (tmp_path / pid / "maps").write_text(text)
-    (tmp_path / "789").mkdir()  # exited: no maps any more
-    (tmp_path / "321" / "maps").mkdir(parents=True)  # unreadable
-    (tmp_path / "self").mkdir()
-    assert pagecache.mapping_pids(cached_file, proc_root=str(tmp_path)) == [123, 555]
-    result = pagecache.evict_remote(cached_file, [], proc_root=str(tmp_path))
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "maps").write_text(text)
+    (proc / "789").mkdir()  # exited: no maps any more
+    (proc / "321" / "maps").mkdir(parents=True)  # unreadable
+    (proc / "self").mkdir()
+    result = pagecache.evict_remote(cached_file, [], root=str(tmp_path))
     assert result["mapped_by"] == [123, 555] and "123, 555" in result["skipped_reason"]
     assert any("could not read the memory maps of 1 process(es)" in warning for warning in result["warnings"])
 

@@ -25,6 +25,8 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 
+from tests.tools import ansible_command
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATES = os.path.join(REPO, "roles", "inference_service", "templates")
 ANALYZE = shutil.which("systemd-analyze")
@@ -218,9 +220,8 @@ def rendered(tmp_path_factory):
     (work / "render.yml").write_text(RENDER_PLAYBOOK)
     (work / "vars.json").write_text(json.dumps({"cases": all_cases, "templates": TEMPLATES, "out": str(out)}))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
-    done = subprocess.run([playbook, "-i", "localhost,", str(work / "render.yml"), "-e", "@" + str(work / "vars.json"),
-                           "-e", "ansible_python_interpreter=" + sys.executable],
+    done = subprocess.run([ansible_command("ansible-playbook"), "-i", "localhost,", str(work / "render.yml"),
+                           "-e", "@" + str(work / "vars.json"), "-e", "ansible_python_interpreter=" + sys.executable],
                           cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, check=False)
     results_file = out / "results.json"

@@ -1,4 +1,4 @@
-"""Build topology dicts in the numa_facts contract's shape (notes/facts-contract.md) for tests.
+"""Build topology dicts in the numa_facts contract's shape (docs/facts.md) for tests.
 
 ``make_topology`` fills every derived field (node cpulists, per-node distances and
 GPUs, packages, cuda indexes, totals) from a few node/GPU descriptions, so tests
@@ -8,6 +8,7 @@ right.
 from typing import Any, Dict, List, Optional, Sequence
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import format_cpulist
+from ansible_collections.inferops.numa.plugins.module_utils.numa.gpu_vendors import index_facts
 
 GIB = 1024 ** 3
 GIB_KB = 1024 * 1024
@@ -90,10 +91,10 @@ def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int
 
 
 def _fill_cuda_indexes(gpus: List[Dict[str, Any]]) -> None:
-    nvidia = [gpu for gpu in gpus if gpu["vendor"] == "nvidia"]
-    for index, gpu in enumerate(nvidia):
+    """The reader's rule (gpu_vendors.index_facts); an index a test gave stays."""
+    for gpu in gpus:
         if gpu["cuda_index"] is None:
-            gpu["cuda_index"] = index
+            gpu.update(index_facts(gpu, gpus))
 
 
 def _packages(nodes: List[Dict[str, Any]]) -> List[Dict[str, Any]]:

@@ -1,5 +1,5 @@
 """``python3 -m numa`` (the installed helper's package) runs the numa-pin CLI."""
-from .cli import main
+from .cli import run
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run()

@@ -44,6 +44,7 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, O
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
+from .kernel_files import parse_maps, proc_text, read_status
 from .sizes import format_size
 
 KINDS = ("anon", "file", "code")
@@ -61,7 +62,8 @@ _COUNTER = re.compile(r"^([A-Za-z_]+)=(\d+)$")
 # Words numa_maps prints between the policy and the counters.
 _FLAGS = frozenset(("heap", "stack", "huge"))
 
-Runner = Callable[[List[str]], Tuple[int, str, str]]
+# Runs a command: argv -> (exit code, stdout, stderr).
+CommandRunner = Callable[[List[str]], Tuple[int, str, str]]
 
 
 class MapsLine(NamedTuple):
@@ -127,17 +129,9 @@ def executable_starts(maps_text: str) -> Set[int]:
     (text, rodata, data) count, so a library's read-only data is not taken
     for page cache the service chose to read.
     """
-    mappings = []
-    images = set()
-    for line in maps_text.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) < 6:
-            continue
-        start, perms, path = int(fields[0].split("-", 1)[0], 16), fields[1], fields[5].strip()
-        mappings.append((start, path))
-        if "x" in perms:
-            images.add(path)
-    return set(start for start, path in mappings if path in images)
+    mappings = [(start, perms, path) for start, perms, _device, _inode, path in parse_maps(maps_text) if path]
+    images = set(path for _start, perms, path in mappings if "x" in perms)
+    return set(start for start, _perms, path in mappings if path in images)
 
 
 def parse_numa_maps(text: str, executable: Collection[int] = ()) -> List[MapsLine]:
@@ -170,16 +164,6 @@ def policy_bytes(lines: Sequence[MapsLine]) -> Dict[str, int]:
     for line in lines:
         totals[line.policy] = totals.get(line.policy, 0) + sum(line.pages.values()) * line.page_bytes
     return totals
-
-
-def parse_status(text: str) -> Dict[str, str]:
-    """``/proc/<pid>/status`` -> {"Name": "llama-server", "Cpus_allowed_list": "0-3", ...}."""
-    fields = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep:
-            fields[key.strip()] = value.strip()
-    return fields
 
 
 def last_cpu(stat_text: str) -> Optional[int]:
@@ -227,39 +211,20 @@ def expectation(plan: Optional[Mapping[str, Any]]) -> Optional[Expectation]:
     return Expectation(plan.get("policy"), mem_nodes, cpus)
 
 
-class _Proc:
-    """Reads ``<root>/proc``; a process or thread that exits while read is reported, not fatal."""
-
-    def __init__(self, root: str) -> None:
-        self.base = os.path.join(root, "proc")
-
-    def read(self, *parts: str) -> Optional[str]:
-        path = os.path.join(self.base, *parts)
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
-        except PermissionError:
-            raise NumaError("cannot read %s: permission denied; audit as root (become: true) or as the "
-                            "service's user" % path)
-        except ProcessLookupError:
-            return None
-
-    def tasks(self, pid: int) -> List[int]:
-        try:
-            names = os.listdir(os.path.join(self.base, str(pid), "task"))
-        except (FileNotFoundError, ProcessLookupError):
-            return []
-        return sorted(int(name) for name in names if name.isdigit())
+def _tasks(root: str, pid: int) -> List[int]:
+    try:
+        names = os.listdir(os.path.join(root, "proc", str(pid), "task"))
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    return sorted(int(name) for name in names if name.isdigit())
 
 
-def _thread_report(proc: _Proc, pid: int, tid: int) -> Optional[Dict[str, Any]]:
-    status_text = proc.read(str(pid), "task", str(tid), "status")
-    if status_text is None:
+def _thread_report(root: str, pid: int, tid: int) -> Optional[Dict[str, Any]]:
+    # A thread that exits while it is read is left out, not an error.
+    status = read_status(root, pid, tid)
+    if status is None:
         return None
-    status = parse_status(status_text)
-    stat_text = proc.read(str(pid), "task", str(tid), "stat") or ""
+    stat_text = proc_text(root, pid, "stat", tid) or ""
     return {"tid": tid, "name": status.get("Name", ""),
             "cpus_allowed": status.get("Cpus_allowed_list", ""),
             "mems_allowed": status.get("Mems_allowed_list", ""),
@@ -308,14 +273,12 @@ def _nodes_out(nodes: Mapping[int, Mapping[str, int]], page_size: int) -> Dict[s
 
 def read_process(root: str, pid: int, page_size: int) -> Optional[Dict[str, Any]]:
     """Threads and per-node memory of one process; None when it is gone."""
-    proc = _Proc(root)
-    status_text = proc.read(str(pid), "status")
-    numa_maps_text = proc.read(str(pid), "numa_maps")
-    maps_text = proc.read(str(pid), "maps")
-    if status_text is None or numa_maps_text is None or maps_text is None:
+    status = read_status(root, pid)
+    numa_maps_text = proc_text(root, pid, "numa_maps")
+    maps_text = proc_text(root, pid, "maps")
+    if status is None or numa_maps_text is None or maps_text is None:
         return None
-    status = parse_status(status_text)
-    threads = [thread for thread in (_thread_report(proc, pid, tid) for tid in proc.tasks(pid)) if thread]
+    threads = [thread for thread in (_thread_report(root, pid, tid) for tid in _tasks(root, pid)) if thread]
     lines = parse_numa_maps(numa_maps_text, executable_starts(maps_text))
     return {"pid": pid, "name": status.get("Name", ""),
             "cpus_allowed": status.get("Cpus_allowed_list", ""),
@@ -461,7 +424,7 @@ def run_command(argv: List[str]) -> Tuple[int, str, str]:
     return done.returncode, done.stdout, done.stderr
 
 
-def show_unit(unit: str, run: Runner) -> Dict[str, str]:
+def show_unit(unit: str, run: CommandRunner) -> Dict[str, str]:
     """``systemctl show`` properties of a unit (UNIT_PROPERTIES)."""
     argv = ["systemctl", "show", "--property=" + ",".join(UNIT_PROPERTIES), "--", unit]
     rc, out, err = run(argv)
@@ -501,10 +464,10 @@ def _cgroup_pids(top: str) -> List[int]:
 
 
 def _rss_kb(root: str, pid: int) -> Optional[int]:
-    text = _Proc(root).read(str(pid), "status")
-    if text is None:
+    status = read_status(root, pid)
+    if status is None:
         return None
-    value = parse_status(text).get("VmRSS", "").split()
+    value = status.get("VmRSS", "").split()
     return int(value[0]) if value and value[0].isdigit() else None
 
 
@@ -537,7 +500,7 @@ class _UnitWait:
         self.settle = _Settle(settle_seconds)
         self.props = {}  # type: Dict[str, str]
 
-    def poll(self, root: str, run: Runner, now: float) -> bool:
+    def poll(self, root: str, run: CommandRunner, now: float) -> bool:
         """Read the unit once; True when it is ready. A unit that is not loaded fails at once."""
         self.props = show_unit(self.unit, run)
         if self.props.get("LoadState") != "loaded":
@@ -567,7 +530,7 @@ class _UnitWait:
 WaitOutcome = Union[Tuple[Dict[str, str], List[str]], NumaError]
 
 
-def wait_for_units(units: Sequence[str], root: str, run: Runner, wait_seconds: float, settle_seconds: float,
+def wait_for_units(units: Sequence[str], root: str, run: CommandRunner, wait_seconds: float, settle_seconds: float,
                    clock: Callable[[], float] = time.monotonic,
                    sleep: Callable[[float], None] = time.sleep) -> Dict[str, WaitOutcome]:
     """Wait (bounded) until every unit is active and its MainPID's RSS has settled, all in the same seconds.
@@ -600,7 +563,7 @@ def wait_for_units(units: Sequence[str], root: str, run: Runner, wait_seconds: f
         sleep(POLL_SECONDS)
 
 
-def wait_for_unit(unit: str, root: str, run: Runner, wait_seconds: float, settle_seconds: float,
+def wait_for_unit(unit: str, root: str, run: CommandRunner, wait_seconds: float, settle_seconds: float,
                   clock: Callable[[], float] = time.monotonic,
                   sleep: Callable[[float], None] = time.sleep) -> Tuple[Dict[str, str], List[str]]:
     """wait_for_units for one unit: its properties and warnings, or its NumaError raised."""
@@ -633,7 +596,7 @@ def _audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[
 
 def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0,
                pages: str = "all", wait_seconds: float = 0, settle_seconds: float = 3.0,
-               run: Optional[Runner] = None, page_size: Optional[int] = None,
+               run: Optional[CommandRunner] = None, page_size: Optional[int] = None,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
     """Audit every process of a systemd unit, after waiting for it to be up."""
@@ -650,7 +613,7 @@ class UnitAudit(NamedTuple):
 
 
 def audit_units(root: str, audits: Sequence[UnitAudit], wait_seconds: float = 0, settle_seconds: float = 3.0,
-                run: Optional[Runner] = None, page_size: Optional[int] = None,
+                run: Optional[CommandRunner] = None, page_size: Optional[int] = None,
                 clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], None] = time.sleep) -> List[Dict[str, Any]]:
     """audit_unit for several units, waited for together; a unit that fails is a failed report."""

@@ -7,10 +7,10 @@ says to disable it for workloads that are already NUMA-bound.
 
 This module decides; it changes nothing except through ``apply_runtime``. It reads
 ``<root>/proc/sys`` and the sysctl configuration under ``<root>`` and returns a
-``Plan``: the runtime writes, the content of the one drop-in file the collection owns
-(``/etc/sysctl.d/60-inferops-numa.conf``), the settings elsewhere that would undo it
-at boot, and what an active tuned profile does to it. The Ansible module writes the
-drop-in (atomic_move) and turns ``NumaError`` into ``fail_json``.
+``BalancingPlan``: the runtime writes, the content of the one drop-in file the
+collection owns (``/etc/sysctl.d/60-inferops-numa.conf``), the settings elsewhere
+that would undo it at boot, and what an active tuned profile does to it. The Ansible
+module writes the drop-in (atomic_move) and turns ``NumaError`` into ``fail_json``.
 
 Boot order follows systemd-sysctl (sysctl.d(5)): ``*.conf`` files from /etc/sysctl.d,
 /run/sysctl.d, /usr/local/lib/sysctl.d, /usr/lib/sysctl.d and /lib/sysctl.d; a name
@@ -30,6 +30,7 @@ import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from .errors import NumaError
+from .kernel_files import read_vmstat
 
 BALANCING_KEY = "kernel.numa_balancing"
 ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
@@ -58,7 +59,7 @@ _TRUE_WORDS = frozenset(("1", "true", "yes", "on", "y"))
 _FALSE_WORDS = frozenset(("0", "false", "no", "off", "n"))
 
 
-class Request(NamedTuple):
+class BalancingRequest(NamedTuple):
     """What the caller asked for (the module's options)."""
 
     state: str = "disabled"
@@ -91,7 +92,7 @@ class Setting(NamedTuple):
     position: int  # index of its file in the boot sequence
 
 
-class Plan(NamedTuple):
+class BalancingPlan(NamedTuple):
     """Everything the module needs to act and report; built by ``make_plan``."""
 
     root: str
@@ -514,7 +515,7 @@ def write_runtime(root: str, key: str, value: int) -> None:
                         "conflicts results" % (value, path, now))
 
 
-def apply_runtime(plan: Plan) -> None:
+def apply_runtime(plan: BalancingPlan) -> None:
     """Make the running kernel match the plan; the drop-in is the caller's (atomic_move)."""
     for key, value in plan.runtime_changes:
         write_runtime(plan.root, key, value)
@@ -540,18 +541,10 @@ def read_dropin(root: str) -> Optional[str]:
 # ---------------------------------------------------------------- /proc/vmstat
 
 
-def read_vmstat(root: str) -> Dict[str, Optional[int]]:
-    counters = dict.fromkeys(VMSTAT_COUNTERS)  # type: Dict[str, Optional[int]]
-    try:
-        with open(host_path(root, "/proc/vmstat"), encoding="ascii", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return counters
-    for line in lines:
-        fields = line.split()
-        if len(fields) == 2 and fields[0] in counters and fields[1].isdigit():
-            counters[fields[0]] = int(fields[1])
-    return counters
+def balancing_counters(root: str) -> Dict[str, Optional[int]]:
+    """VMSTAT_COUNTERS from /proc/vmstat; None for a counter the kernel lacks (or an unreadable file)."""
+    counters = read_vmstat(root)
+    return {name: counters.get(name) for name in VMSTAT_COUNTERS}
 
 
 def sample_vmstat(root: str, seconds: float,
@@ -560,9 +553,9 @@ def sample_vmstat(root: str, seconds: float,
 
     With balancing off the scanner stops, so both must stay flat.
     """
-    first = read_vmstat(root)
+    first = balancing_counters(root)
     sleep(seconds)
-    second = read_vmstat(root)
+    second = balancing_counters(root)
     delta = {"seconds": seconds}  # type: Dict[str, Optional[float]]
     for name in VMSTAT_COUNTERS:
         start, end = first[name], second[name]
@@ -570,7 +563,7 @@ def sample_vmstat(root: str, seconds: float,
     return delta
 
 
-def verify(plan: Plan, seconds: float, check_mode: bool,
+def verify(plan: BalancingPlan, seconds: float, check_mode: bool,
            sleep: Callable[[float], None] = time.sleep) -> Tuple[Dict[str, Optional[float]], Optional[str]]:
     """Sample the counters after acting; a warning when they move although balancing is off."""
     if seconds <= 0:
@@ -595,14 +588,14 @@ def vmstat_warning(delta: Dict[str, Optional[float]]) -> Optional[str]:
 # ---------------------------------------------------------------- plan
 
 
-def _unsupported(root: str, desired: Dict[str, int]) -> Plan:
+def _unsupported(root: str, desired: Dict[str, int]) -> BalancingPlan:
     if not os.path.isdir(host_path(root, "/proc/sys/kernel")):
         why = "%s does not exist (is procfs mounted under root?)" % host_path(root, "/proc/sys/kernel")
     else:
         why = ("this kernel has no %s (built without CONFIG_NUMA_BALANCING, or a non-NUMA VM kernel)"
                % knob_path(root, BALANCING_KEY))
     note = "NUMA balancing is not supported: %s; nothing to disable, nothing written" % why
-    return Plan(root, False, desired, {}, None, None, [], None, [note], [], None)
+    return BalancingPlan(root, False, desired, {}, None, None, [], None, [note], [], None)
 
 
 def _read_before(root: str, desired: Dict[str, int]) -> Dict[str, int]:
@@ -617,7 +610,7 @@ def _read_before(root: str, desired: Dict[str, int]) -> Dict[str, int]:
     return before
 
 
-def _boot_review(root: str, request: Request, desired: Dict[str, int], dropin: Optional[str],
+def _boot_review(root: str, request: BalancingRequest, desired: Dict[str, int], dropin: Optional[str],
                  notes: List[str], warnings: List[str]) -> Tuple[List[Dict[str, object]], Optional[str]]:
     settings, position = boot_settings(root, list(desired), dropin, warnings)
     conflicts = find_conflicts(root, settings, position, desired)
@@ -645,7 +638,7 @@ def _tuned_review(root: str, desired: Dict[str, int], persisted: bool,
     return tuned
 
 
-def make_plan(root: str, request: Request) -> Plan:
+def make_plan(root: str, request: BalancingRequest) -> BalancingPlan:
     """Read the host under ``root`` and decide what to change; writes nothing."""
     if request.on_conflict not in ("fail", "warn"):
         raise NumaError("on_conflict must be fail or warn, not %r" % request.on_conflict)
@@ -662,14 +655,14 @@ def make_plan(root: str, request: Request) -> Plan:
     warnings = []  # type: List[str]
     conflicts, error = _boot_review(root, request, desired, dropin_after, notes, warnings)
     tuned = _tuned_review(root, desired, request.persist, warnings)
-    return Plan(root, True, desired, before, read_dropin(root), dropin_after, conflicts, tuned,
-                notes, warnings, error)
+    return BalancingPlan(root, True, desired, before, read_dropin(root), dropin_after, conflicts, tuned,
+                         notes, warnings, error)
 
 
 # ---------------------------------------------------------------- reporting
 
 
-def summary(plan: Plan, check_mode: bool) -> str:
+def summary(plan: BalancingPlan, check_mode: bool) -> str:
     if not plan.supported:
         return "; ".join(plan.notes)
     parts = ["%s %s %d -> %d" % ("would set" if check_mode else "set", key, plan.before[key], value)
@@ -684,7 +677,7 @@ def summary(plan: Plan, check_mode: bool) -> str:
     return "; ".join(parts + plan.notes)
 
 
-def result(plan: Plan, check_mode: bool) -> Dict[str, object]:
+def result(plan: BalancingPlan, check_mode: bool) -> Dict[str, object]:
     """The module's return values (without diff and vmstat_delta)."""
     return {
         "changed": plan.changed,
@@ -698,7 +691,7 @@ def result(plan: Plan, check_mode: bool) -> Dict[str, object]:
     }
 
 
-def diff(plan: Plan) -> List[Dict[str, str]]:
+def diff(plan: BalancingPlan) -> List[Dict[str, str]]:
     """Ansible diff entries: the drop-in file, then the runtime knobs."""
     return [
         {"before_header": plan.dropin_file, "after_header": plan.dropin_file,

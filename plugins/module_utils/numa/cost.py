@@ -78,7 +78,7 @@ Pair = Tuple[int, int]
 PairPlan = Tuple[List[int], List[Pair], Dict[Pair, str], Dict[int, List[int]]]
 Measurement = Dict[str, Any]
 # Runs one measurement in isolation: (work, timeout seconds) -> payload, or None on timeout.
-Runner = Callable[[Callable[[], Measurement], float], Optional[Measurement]]
+MeasurementRunner = Callable[[Callable[[], Measurement], float], Optional[Measurement]]
 
 
 class CostOptions:
@@ -502,11 +502,12 @@ def method_text(big: int, small: int, options: CostOptions, results: Dict[Pair, 
                     "%d-step stretch of %d steps each, quietest of %d round(s) per pair"
                     % (LINE_BYTES, format_size(big), format_size(small), CHUNK_STEPS, options.chase_steps,
                        options.rounds)),
-        "latency_error": ("reads low: the subtraction also removes one L1 hit per step (~1 ns) and the part of "
-                          "the interpreter's work the CPU overlaps with the miss (3-11 %% below a C chase of the "
-                          "same buffer where measured, tests/unit/test_cost_c_reference.py and docs/cost.md); "
-                          "remote/local ratios lie between the raw_ns ratio and the latency_ns ratio; %s"
-                          % _page_note(thp)),
+        "latency_error": ("reads low: latency_ns is raw_ns minus the interpreter's cost per step (overhead_ns), "
+                          "and that subtraction also removes one L1 hit per step and the part of the "
+                          "interpreter's work the CPU overlaps with the miss; a C chase of the same buffer has "
+                          "neither error (tests/unit/test_cost_c_reference.py compares the two); %s; remote/local "
+                          "ratios lie between the raw_ns ratio and the latency_ns ratio; %s"
+                          % (_subtracted(results), _page_note(thp))),
         "bandwidth": ("memmove between the halves of the bound %s buffer; GB/s = (bytes read + bytes written) / "
                       "seconds / 1e9 (STREAM copy convention); best of %d copies per round"
                       % (format_size(big), options.repeats)),
@@ -532,6 +533,21 @@ def method_text(big: int, small: int, options: CostOptions, results: Dict[Pair, 
     }
 
 
+def _subtracted(results: Dict[Pair, Measurement]) -> str:
+    """What the subtraction took off in this run, over the measured pairs."""
+    if not results:
+        return "no pair was measured in this run, so nothing was subtracted"
+    overhead = [result["overhead_ns"] for result in results.values()]
+    share = [100 * result["overhead_ns"] / result["raw_ns"] for result in results.values()]
+    return "in this run overhead_ns was %s ns, %s %% of raw_ns" % (_span(overhead, 1), _span(share, 0))
+
+
+def _span(values: List[float], digits: int) -> str:
+    """``"20.1"`` or ``"20.1-23.4"``: the range of ``values`` at ``digits`` decimals."""
+    low, high = ("%.*f" % (digits, value) for value in (min(values), max(values)))
+    return low if low == high else "%s-%s" % (low, high)
+
+
 def _page_note(thp: Optional[str]) -> str:
     if thp == "always":
         return ("transparent hugepages are 'always' here: the kernel may back the buffer with 2 MiB pages, "
@@ -549,7 +565,7 @@ def _loadavg() -> str:
 # --- the whole run -----------------------------------------------------------------------
 
 def measure(topology: Dict[str, Any], options: Optional[CostOptions] = None, kernel_api: Any = kernel,
-            runner: Runner = run_forked, clock: Callable[[], float] = time.monotonic,
+            runner: MeasurementRunner = run_forked, clock: Callable[[], float] = time.monotonic,
             rng: Optional[random.Random] = None) -> Dict[str, Any]:
     """Measure every measurable (CPU node, memory node) pair of ``topology`` within
     ``options.max_seconds``; see the module doc for the method and the result's shape."""
@@ -577,7 +593,7 @@ def measure(topology: Dict[str, Any], options: Optional[CostOptions] = None, ker
     return answer
 
 
-def _run_pairs(works: List[Tuple[Pair, "PairWork"]], runner: Runner, rounds: int, budget: float,
+def _run_pairs(works: List[Tuple[Pair, "PairWork"]], runner: MeasurementRunner, rounds: int, budget: float,
                clock: Callable[[], float], results: Dict[Pair, Measurement], unmeasured: Dict[Pair, str]) -> None:
     """Run every pair's work ``rounds`` times round-robin within ``budget`` seconds; keep each
     pair's quietest round. Never start a run that no longer fits; a pair that failed (its

@@ -11,7 +11,6 @@ accesses, ``perf stat -e node-loads,node-load-misses`` where the CPU and the
 permissions allow it.
 """
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -19,15 +18,13 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import audit
 from .errors import NumaError
+from .kernel_files import NODE_DIR, node_ids, read_counter_file, read_vmstat
 
-NODE_DIR = "sys/devices/system/node"
 NUMASTAT_FIELDS = ("numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node", "other_node")
 VMSTAT_FIELDS = ("numa_hit", "numa_miss", "numa_foreign", "numa_interleave", "numa_local", "numa_other")
 PERF_EVENTS = ("node-loads", "node-load-misses")
 # perf needs a moment to attach and to print its counts after the window.
 PERF_GRACE_SECONDS = 10.0
-
-_NODE_NAME = re.compile(r"^node(\d+)$")
 
 Counters = Dict[str, Any]
 
@@ -38,15 +35,12 @@ def read_counters(root: str = "/") -> Counters:
     Raises NumaError when there is nothing to read at all (no numastat and no numa
     lines in vmstat: a kernel without CONFIG_NUMA).
     """
-    base = os.path.join(root, NODE_DIR)
     nodes = {}
-    for name in _listdir(base):
-        match = _NODE_NAME.match(name)
-        if match:
-            counts = _read_pairs(os.path.join(base, name, "numastat"), NUMASTAT_FIELDS)
-            if counts:
-                nodes[int(match.group(1))] = counts
-    vmstat = _read_pairs(os.path.join(root, "proc/vmstat"), VMSTAT_FIELDS)
+    for node in node_ids(root):
+        counts = _only(read_counter_file(root, "%s/node%d/numastat" % (NODE_DIR, node)), NUMASTAT_FIELDS)
+        if counts:
+            nodes[node] = counts
+    vmstat = _only(read_vmstat(root), VMSTAT_FIELDS)
     if not nodes and not vmstat:
         raise NumaError("no NUMA allocation counters under %s (neither %s/node*/numastat nor numa_* in "
                         "proc/vmstat): the kernel was built without CONFIG_NUMA; there is no remote "
@@ -54,26 +48,8 @@ def read_counters(root: str = "/") -> Counters:
     return {"nodes": nodes, "vmstat": vmstat}
 
 
-def _listdir(path: str) -> List[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
-def _read_pairs(path: str, fields: Sequence[str]) -> Dict[str, int]:
-    """``name value`` lines of ``path`` restricted to ``fields``; {} when unreadable."""
-    try:
-        with open(path) as handle:
-            lines = handle.read().splitlines()
-    except OSError:
-        return {}
-    counts = {}
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 2 and parts[0] in fields and parts[1].isdigit():
-            counts[parts[0]] = int(parts[1])
-    return counts
+def _only(counts: Dict[str, int], fields: Sequence[str]) -> Dict[str, int]:
+    return {field: counts[field] for field in fields if field in counts}
 
 
 def remote_ratio(before: Counters, after: Counters, window_seconds: float) -> Dict[str, Any]:

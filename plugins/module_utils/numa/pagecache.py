@@ -31,6 +31,7 @@ import stat
 
 from . import kernel
 from .errors import NumaError
+from .kernel_files import parse_maps, proc_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -201,30 +202,22 @@ def residency(paths: Iterable[str]) -> Dict[str, Any]:
     return total
 
 
-def mapping_pids(path: str, proc_root: str = "/proc") -> List[int]:
-    """PIDs of other processes that map ``path`` now (from /proc/<pid>/maps).
-
-    Processes that exit meanwhile are skipped, so are maps this user may not read
-    (only root sees every process).
-    """
-    return _mappers(path, proc_root)[0]
-
-
-def evict_remote(path: str, local_nodes: Collection[int], proc_root: str = "/proc") -> Dict[str, Any]:
+def evict_remote(path: str, local_nodes: Collection[int], root: str = "/") -> Dict[str, Any]:
     """Drop the file's cached pages that sit on nodes outside ``local_nodes``.
 
     Looks at every cached page, not a sample: each remote page it missed would stay
     remote (``sample_residency`` tells whether calling this is worth it). Uses
     posix_fadvise(POSIX_FADV_DONTNEED) over runs of remote pages. Does nothing
-    while another process maps the file (``skipped_reason`` names the PIDs): the kernel
-    never drops mapped pages, and a running server would only pay the re-reads. Dirty
+    while another process maps the file (``skipped_reason`` names the PIDs, read from
+    ``<root>/proc``): the kernel never drops mapped pages, and a running server would
+    only pay the re-reads. Dirty
     pages are not dropped either (DONTNEED starts their writeback and skips them):
     they show in ``after`` and in a warning. Returns ``before``/``after`` pages per
     node, ``evicted_pages`` (remote pages that left the cache), ``requested_pages``,
     ``mapped_by``, ``skipped_reason`` (None when it ran) and ``warnings``.
     """
     local = _node_set(local_nodes)
-    pids, unreadable = _mappers(path, proc_root)
+    pids, unreadable = _mappers(path, root)
     warnings = []
     if unreadable:
         warnings.append("could not read the memory maps of %d process(es): run as root to be sure "
@@ -484,8 +477,11 @@ def regular_files(paths: Iterable[str]) -> List[str]:
     return files
 
 
-def _mappers(path: str, proc_root: str) -> Tuple[List[int], int]:
-    """(other PIDs mapping ``path``, number of processes whose maps could not be read)."""
+def _mappers(path: str, root: str) -> Tuple[List[int], int]:
+    """(other PIDs mapping ``path``, number of processes whose maps could not be read).
+
+    Processes that exit meanwhile are skipped; only root may read every process's maps.
+    """
     try:
         info = os.stat(path)
     except OSError as exc:
@@ -494,18 +490,16 @@ def _mappers(path: str, proc_root: str) -> Tuple[List[int], int]:
     own = str(os.getpid())
     pids = []
     unreadable = 0
-    for entry in os.listdir(proc_root):
+    for entry in os.listdir(os.path.join(root, "proc")):
         if not entry.isdigit() or entry == own:
             continue
         try:
-            with open(os.path.join(proc_root, entry, "maps")) as handle:
-                text = handle.read()
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # the process exited
-        except OSError:
+            text = proc_text(root, entry, "maps")
+        except NumaError:
             unreadable += 1
             continue
-        if target[2] in text and _maps_file(text, target):
+        # The inode's digits first: most processes' maps never mention it, and need no parsing.
+        if text is not None and target[2] in text and _maps_file(text, target):
             pids.append(int(entry))
     return sorted(pids), unreadable
 
@@ -514,17 +508,16 @@ def _maps_file(text: str, target: Tuple[int, int, str, str]) -> bool:
     """Whether a maps text has a mapping of the file (device and inode; or inode and
     path, because overlayfs and btrfs report another device in maps than stat does)."""
     major, minor, inode, real = target
-    for line in text.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) < 5 or fields[4] != inode:
+    for _start, _perms, device, mapped_inode, mapped_path in parse_maps(text):
+        if mapped_inode != inode:
             continue
-        dev_major, _sep, dev_minor = fields[3].partition(":")
+        dev_major, _sep, dev_minor = device.partition(":")
         try:
             if (int(dev_major, 16), int(dev_minor, 16)) == (major, minor):
                 return True
         except ValueError:
             continue
-        if len(fields) == 6 and fields[5].strip() == real:
+        if mapped_path == real:
             return True
     return False
 

@@ -18,17 +18,24 @@ All instances 0..instances-1 of a service are simulated in order so that the
 plan for instance i knows what the instances before it took (memory, nodes) and
 which instances share its nodes (they split the CPUs of a shared node).
 docs/placement.md states the rules for users.
+
+numa-pin exec plans at every service start, so this module imports no more than it
+runs there: plain classes instead of ``dataclasses`` (~10 ms with its ``inspect``),
+exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` and
+``re``), string methods instead of ``re``, and ``typing`` for type checkers only.
 """
-import math
-import re
-from dataclasses import asdict, dataclass
-from fractions import Fraction
-from typing import Any, Dict, List, Optional, Tuple, Union
+from __future__ import annotations
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
-from .request import CHOICES, DEFAULTS
-from .sizes import format_size, parse_size
+from .gpu_vendors import visibility_env
+from .request import CHOICES, DEFAULTS, OPTIONS, PLANNER
+from .sizes import decimal_digits, format_size, parse_size
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from fractions import Fraction
+    from typing import Any, Dict, List, Optional, Tuple, Union
 
 __all__ = ["PlacementError", "Request", "Plan", "plan", "parse_size", "parse_cpulist",
            "format_cpulist", "parse_headroom"]
@@ -36,12 +43,12 @@ __all__ = ["PlacementError", "Request", "Plan", "plan", "parse_size", "parse_cpu
 # What the kernel assumes between two nodes when firmware gives no SLIT.
 REMOTE_DISTANCE = 20
 LOCAL_DISTANCE = 10
-MEMORY_WEIGHT = Fraction(3, 5)
-SPREAD_WEIGHT = Fraction(2, 5)
+# An anchor's score weighs its free memory share 3/5 and its spread term 2/5, in fifths.
+MEMORY_FIFTHS = 3
+SPREAD_FIFTHS = 2
 
-_PCI_ADDRESS = re.compile(r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$")
-_HEADROOM_PERCENT = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*%$")
-_INTEGER = re.compile(r"^\s*-?\d+\s*$")
+# Compiled only for GPUs given by address, the one request that needs a regex.
+_PCI_ADDRESS = r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$"
 
 
 class PlacementError(NumaError):
@@ -50,7 +57,30 @@ class PlacementError(NumaError):
 
 # ---------------------------------------------------------------- request ---
 
-@dataclass
+class _Record:
+    """A plain record: built from keyword arguments for exactly its ``__slots__``.
+
+    What ``@dataclass`` gave the planner's internal types, without importing dataclasses.
+    """
+
+    __slots__ = ()
+
+    def __init__(self, **fields: Any) -> None:
+        if set(fields) != set(self.__slots__):
+            raise TypeError("%s() takes exactly the fields %s" % (type(self).__name__, ", ".join(self.__slots__)))
+        for name, value in fields.items():
+            setattr(self, name, value)
+
+
+def _copied(value: Any) -> Any:
+    """A copy of JSON-like data (as dataclasses.asdict made): the caller may change it."""
+    if isinstance(value, list):
+        return [_copied(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _copied(item) for key, item in value.items()}
+    return value
+
+
 class Request:
     """What the caller wants. Loose inputs (strings from a CLI, None from Ansible) are
     normalised and checked on construction; a bad value raises NumaError naming it.
@@ -61,24 +91,32 @@ class Request:
     memory_headroom: added to model_size: "P%" of the model, a size, or a sum of
     both ("10%+1G"; "2G"; "0").
     reserve_cpus: a cpu list string or cpu numbers; None reserves none.
-    Defaults and choices are request.py's, the table every interface is built from.
+    Fields, defaults and choices are request.py's, the table every interface is built from.
     """
 
-    node: Optional[int] = DEFAULTS["node"]
-    gpus: Union[str, int, List[str]] = DEFAULTS["gpus"]
-    model_size: Optional[int] = DEFAULTS["model_size"]
-    memory_headroom: str = DEFAULTS["memory_headroom"]
-    smt: bool = DEFAULTS["smt"]
-    reserve_cpus: Optional[List[int]] = DEFAULTS["reserve_cpus"]
-    scope: str = DEFAULTS["scope"]
-    instances: int = DEFAULTS["instances"]
-    instance: int = DEFAULTS["instance"]
-    policy: str = DEFAULTS["policy"]
-    on_unfit: str = DEFAULTS["on_unfit"]
-    port_base: Optional[int] = DEFAULTS["port_base"]
-    anchors: Optional[List[int]] = DEFAULTS["anchors"]
+    # The planner's options in the table's order: the keyword arguments, attributes and to_dict() keys.
+    FIELDS = tuple(option.name for option in OPTIONS if option.stage == PLANNER)
 
-    def __post_init__(self) -> None:
+    node: Optional[int]
+    gpus: Union[str, int, List[str]]
+    model_size: Optional[int]
+    memory_headroom: str
+    smt: bool
+    reserve_cpus: List[int]
+    scope: str
+    instances: int
+    instance: int
+    policy: str
+    on_unfit: str
+    port_base: Optional[int]
+    anchors: Optional[List[int]]
+
+    def __init__(self, **options: Any) -> None:
+        unknown = sorted(set(options) - set(self.FIELDS))
+        if unknown:
+            raise TypeError("Request() got unexpected keyword argument(s) %s" % ", ".join(unknown))
+        for name in self.FIELDS:
+            setattr(self, name, options.get(name, DEFAULTS[name]))
         self.node = _optional_int("node", self.node)
         self.gpus = _gpu_selection(self.gpus)
         self.model_size = None if self.model_size is None else _size("model_size", self.model_size)
@@ -99,11 +137,10 @@ class Request:
     @classmethod
     def from_options(cls, options: Dict[str, Any]) -> "Request":
         """Build from a dict of option names to values; None means "use the default"."""
-        known = list(cls.__dataclass_fields__)
-        unknown = sorted(set(options) - set(known))
+        unknown = sorted(set(options) - set(cls.FIELDS))
         if unknown:
             raise NumaError("unknown placement option(s) %s: valid options are %s"
-                            % (", ".join(unknown), ", ".join(known)))
+                            % (", ".join(unknown), ", ".join(cls.FIELDS)))
         return cls(**{name: value for name, value in options.items() if value is not None})
 
     def headroom_bytes(self) -> Optional[int]:
@@ -111,7 +148,7 @@ class Request:
         if self.model_size is None:
             return None
         percent, fixed = parse_headroom(self.memory_headroom)
-        return int(math.ceil(self.model_size * percent / 100)) + fixed
+        return -(-self.model_size * percent // 100) + fixed  # the percentage rounded up, exactly
 
     def required_bytes(self) -> Optional[int]:
         """model_size + headroom, or None when the model size is unknown."""
@@ -120,20 +157,24 @@ class Request:
         return self.model_size + self.headroom_bytes()
 
     def to_dict(self) -> Dict[str, Any]:
-        return asdict(self)
+        return {name: _copied(getattr(self, name)) for name in self.FIELDS}
 
 
-def parse_headroom(text: str) -> Tuple[Fraction, int]:
-    """``"10%+1G"`` -> (Fraction(10), 1073741824): percent of the model, fixed bytes."""
+def parse_headroom(text: str) -> Tuple[Union[int, Fraction], int]:
+    """``"10%+1G"`` -> (10, 1073741824): percent of the model, fixed bytes.
+
+    The percentage is exact: an int, or a Fraction when it has decimals ("12.5%"; only
+    then is fractions imported).
+    """
     if not isinstance(text, str) or not text.strip():
         raise NumaError("memory_headroom %r is not a size: write e.g. '10%%+1G', '2G' or '0'" % (text,))
-    percent = Fraction(0)
+    percent = 0  # type: Union[int, Fraction]
     fixed = 0
     for term in text.split("+"):
         term = term.strip()
-        match = _HEADROOM_PERCENT.match(term)
-        if match:
-            percent += Fraction(match.group(1))
+        number = decimal_digits(term[:-1].rstrip()) if term.endswith("%") else None
+        if number is not None:
+            percent += _exact(*number)
             continue
         try:
             fixed += parse_size(term)
@@ -141,6 +182,15 @@ def parse_headroom(text: str) -> Tuple[Fraction, int]:
             raise NumaError("cannot read memory_headroom %r: term %r is neither a percentage "
                             "nor a size; write e.g. '10%%+1G', '2G' or '0'" % (text, term))
     return percent, fixed
+
+
+def _exact(digits: int, decimals: int) -> Union[int, Fraction]:
+    """The number ``digits`` / 10**``decimals``: an int when whole, else a Fraction."""
+    if not decimals:
+        return digits
+    from fractions import Fraction
+
+    return Fraction(digits, 10 ** decimals)
 
 
 def _headroom_text(value: Union[str, int]) -> str:
@@ -151,13 +201,19 @@ def _headroom_text(value: Union[str, int]) -> str:
 
 
 def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, str) and _INTEGER.match(value):
+    if isinstance(value, str) and _is_integer(value):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise NumaError("%s must be an integer, got %r" % (name, value))
     if value < minimum:
         raise NumaError("%s must be %d or more, got %d" % (name, minimum, value))
     return value
+
+
+def _is_integer(text: str) -> bool:
+    """An optional minus and decimal digits, spaces around allowed: what int() reads, bar "+" and "_"."""
+    digits = text.strip()
+    return digits[1:].isdecimal() if digits.startswith("-") else digits.isdecimal()
 
 
 def _optional_int(name: str, value: Any) -> Optional[int]:
@@ -247,7 +303,9 @@ def _gpu_selection(value: Any) -> Union[str, int, List[str]]:
 
 
 def _pci_address(item: Any) -> str:
-    match = _PCI_ADDRESS.match(item.strip().lower()) if isinstance(item, str) else None
+    import re
+
+    match = re.match(_PCI_ADDRESS, item.strip().lower()) if isinstance(item, str) else None
     if not match:
         raise NumaError("gpus: %r is not a PCI address; write it like 0000:81:00.0 (as lspci -D shows)"
                         % (item,))
@@ -257,14 +315,16 @@ def _pci_address(item: Any) -> str:
 
 # ------------------------------------------------------------------- plan ---
 
-@dataclass
-class Plan:
+class Plan(_Record):
     """Where one instance runs. ``to_dict()`` is the JSON form every consumer uses.
 
     available_bytes is what mem_nodes had left after the instances simulated
     before this one (the figure the fit check used).
     """
 
+    # In to_dict() order (then cpulist and threads).
+    __slots__ = ("policy", "node", "mem_nodes", "cpu_nodes", "cpus", "gpus", "env", "instance", "instances",
+                 "port", "required_bytes", "available_bytes", "reasons", "inputs")
     policy: str
     node: int
     mem_nodes: List[int]
@@ -289,7 +349,7 @@ class Plan:
         return len(self.cpus)
 
     def to_dict(self) -> Dict[str, Any]:
-        result = asdict(self)
+        result = {name: _copied(getattr(self, name)) for name in self.__slots__}
         result["cpulist"] = self.cpulist
         result["threads"] = self.threads
         return result
@@ -320,9 +380,9 @@ def plan(topology: Dict[str, Any], request: Request) -> Plan:
 
 # ------------------------------------------------------------------ hints ---
 
-@dataclass(frozen=True)
-class _Node:
+class _Node(_Record):
     """A candidate node: usable CPUs (online, allowed, not reserved) and its memory in bytes."""
+    __slots__ = ("id", "cpus", "total", "available", "packages")
     id: int
     cpus: Tuple[int, ...]
     total: int
@@ -330,8 +390,8 @@ class _Node:
     packages: Tuple[int, ...]
 
 
-@dataclass
-class _Hints:
+class _Hints(_Record):
+    __slots__ = ("topology", "node_ids", "candidates", "excluded", "distances", "core_of", "gpus", "reasons")
     topology: Dict[str, Any]
     node_ids: List[int]                  # every node of the topology, sorted
     candidates: Dict[int, _Node]         # usable nodes by id
@@ -449,8 +509,8 @@ def _excluded_text(hints: _Hints) -> str:
 
 # ------------------------------------------------------------- simulation ---
 
-@dataclass
-class _Placement:
+class _Placement(_Record):
+    __slots__ = ("anchor", "policy", "mem_nodes", "cpu_nodes", "gpus", "available", "reasons")
     anchor: int
     policy: str
     mem_nodes: List[int]
@@ -460,9 +520,9 @@ class _Placement:
     reasons: List[str]
 
 
-@dataclass
-class _State:
+class _State(_Record):
     """What the instances simulated so far left: free bytes and instance count per node."""
+    __slots__ = ("free", "load")
     free: Dict[int, int]
     load: Dict[int, int]
 
@@ -631,25 +691,38 @@ def _score_anchor(hints: _Hints, request: Request, state: _State) -> Tuple[int, 
     A node where the model fits always beats one where it does not.
     """
     required = request.required_bytes()
-
-    def score(node: int) -> Fraction:
-        total = hints.candidates[node].total
-        ratio = Fraction(state.free[node], total) if total else Fraction(0)
-        return MEMORY_WEIGHT * ratio + SPREAD_WEIGHT * Fraction(1, state.load[node] + 1)
-
     pool = sorted(hints.candidates)
     if required is not None:
         fitting = [node for node in pool
                    if sum(state.free[base] for base in _scope_nodes(hints, request, node)) >= required]
         pool = fitting or pool
-    best = min(pool, key=lambda node: (-score(node), node))
+    best, best_score = pool[0], _score(hints, state, pool[0])
+    for node in pool[1:]:  # ascending: a tie keeps the lower id
+        score = _score(hints, state, node)
+        if _higher(score, best_score):
+            best, best_score = node, score
+    numerator, denominator = best_score
     total = hints.candidates[best].total
-    free_share = Fraction(state.free[best], total) if total else Fraction(0)
+    free_percent = 100 * state.free[best] // total if total else 0
     reason = "node %d chosen by memory score %.3f: %d%% of its memory available, %d instance(s) already there" % (
-        best, float(score(best)), int(free_share * 100), state.load[best])
+        best, numerator / denominator, free_percent, state.load[best])
     if len(pool) < len(hints.candidates):
         reason += " (only nodes where the model fits were considered)"
     return best, [reason]
+
+
+def _score(hints: _Hints, state: _State, node: int) -> Tuple[int, int]:
+    """The node's score, exactly: (numerator, denominator > 0). A node without a memory total has no free share."""
+    total = hints.candidates[node].total
+    free = state.free[node] if total else 0
+    total = total or 1
+    spread = state.load[node] + 1
+    # MEMORY_FIFTHS/5 * free/total + SPREAD_FIFTHS/5 * 1/spread, over one denominator.
+    return MEMORY_FIFTHS * free * spread + SPREAD_FIFTHS * total, 5 * total * spread
+
+
+def _higher(score: Tuple[int, int], other: Tuple[int, int]) -> bool:
+    return score[0] * other[1] > other[0] * score[1]
 
 
 # ----------------------------------------------------------------- memory ---
@@ -820,26 +893,8 @@ def _cores(hints: _Hints, node: int) -> List[Tuple[int, ...]]:
 # -------------------------------------------------------------------- env ---
 
 def _environment(hints: _Hints, gpus: List[Dict[str, Any]], threads: int) -> Tuple[Dict[str, str], List[str]]:
-    env = {}
-    reasons = []
-    nvidia = [gpu for gpu in gpus if gpu.get("vendor") == "nvidia"]
-    amd = [gpu for gpu in gpus if gpu.get("vendor") == "amd"]
-    if nvidia:
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(_cuda_index(hints, gpu)) for gpu in nvidia)
-    if amd:
-        ordinals = [gpu["address"] for gpu in hints.gpus if gpu.get("vendor") == "amd"]
-        env["ROCR_VISIBLE_DEVICES"] = ",".join(str(ordinals.index(gpu["address"])) for gpu in amd)
-    for gpu in gpus:
-        if gpu not in nvidia and gpu not in amd:
-            reasons.append("GPU %s (%s): no visibility variable is set for this vendor" % (
-                gpu["address"], gpu.get("vendor") or "unknown vendor"))
+    env, uncovered = visibility_env(gpus, hints.gpus)
+    reasons = ["GPU %s (%s): no visibility variable is set for this vendor" % (
+        gpu["address"], gpu.get("vendor") or "unknown vendor") for gpu in uncovered]
     env["OMP_NUM_THREADS"] = str(threads)
     return env, reasons
-
-
-def _cuda_index(hints: _Hints, gpu: Dict[str, Any]) -> int:
-    if gpu.get("cuda_index") is not None:
-        return gpu["cuda_index"]
-    # With CUDA_DEVICE_ORDER=PCI_BUS_ID the index is the ordinal in PCI order.
-    return [other["address"] for other in hints.gpus if other.get("vendor") == "nvidia"].index(gpu["address"])

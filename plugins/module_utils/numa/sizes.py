@@ -7,18 +7,26 @@ the safe side when checking whether a model fits a node.
 
 ``size_of_path`` is the one function here that touches the filesystem; the
 planner only ever sees the resulting byte count.
+
+numa-pin parses the default headroom ("1G") at every service start: sizes are read
+with string methods and exact integer arithmetic, not ``re`` and ``decimal`` (several
+ms to import), and ``typing`` is for type checkers only.
 """
-import math
+from __future__ import annotations
+
 import os
-import re
-from decimal import Decimal
-from typing import List, Union
 
 from .errors import NumaError
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple, Union
+
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
-_SIZE = re.compile(r"^(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgtp])(?:ib|i|b)?|b)?$", re.IGNORECASE)
-_SPLIT_GGUF = re.compile(r"^(?P<stem>.*)-(?P<part>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# What may follow a unit letter: 14G, 14GB, 14Gi, 14GiB.
+_UNIT_TAILS = ("", "ib", "i", "b")
+# A split GGUF's part name ends "-00001-of-00003.gguf".
+_SPLIT_TAIL = len("-00001-of-00003.gguf")
 
 
 def parse_size(text: Union[str, int]) -> int:
@@ -33,18 +41,56 @@ def parse_size(text: Union[str, int]) -> int:
         if text < 0:
             raise NumaError("size %d is negative: give a size of 0 or more bytes" % text)
         return text
-    match = _SIZE.match(text.strip())
-    if not match:
+    parsed = _number_and_power(text.strip())
+    if parsed is None:
         raise NumaError("cannot read size %r: write a number with an optional binary unit, "
                         "like 1000000, 512M, 1.5GiB or 14G" % (text,))
-    number = Decimal(match.group(1))
-    power = _UNITS[(match.group(2) or "").lower()]
-    return int(math.ceil(number * (1024 ** power)))
+    (value, decimals), power = parsed
+    # Exact: the number times 1024**power, rounded up to whole bytes.
+    return -(-value * 1024 ** power // 10 ** decimals)
+
+
+def decimal_digits(text: str) -> Optional[Tuple[int, int]]:
+    """``"1.5"`` -> (15, 1): the number's digits as an integer, and how many of them follow the point.
+
+    None unless ``text`` is a plain decimal number: ``14``, ``1.5``, ``1.`` or ``.5`` (no sign,
+    no exponent, no spaces).
+    """
+    whole, _point, fraction = text.partition(".")
+    if not (whole or fraction) or not _digits(whole) or not _digits(fraction):
+        return None
+    return int(whole + fraction), len(fraction)
+
+
+def _digits(text: str) -> bool:
+    """Empty or decimal digits only: what a regex's \\d* matches, and int() reads."""
+    return not text or text.isdecimal()
+
+
+def _number_and_power(text: str) -> Optional[Tuple[Tuple[int, int], int]]:
+    """``"1.5 GiB"`` -> ((15, 1), 3): the number (see decimal_digits) and the unit's power of 1024.
+
+    None unless the text is a number, optional spaces and an optional unit: k, m, g, t or p
+    with an optional ``b``, ``i`` or ``ib``, or a lone ``b``; in any case.
+    """
+    end = 0
+    while end < len(text) and (text[end].isdecimal() or text[end] == "."):
+        end += 1
+    number = decimal_digits(text[:end])
+    unit = text[end:].lstrip().lower()
+    if number is None:
+        return None
+    if unit in ("", "b"):
+        return number, 0
+    if unit[0] in _UNITS and unit[1:] in _UNIT_TAILS:
+        return number, _UNITS[unit[0]]
+    return None
 
 
 def format_size(num_bytes: int) -> str:
     """15032385536 -> ``"14 GiB"``; two decimals at most, for messages and reasons."""
-    value = Decimal(num_bytes)
+    # A float: what "%.2f" formats anyway; n / 1024**k is exact below 2**53 bytes.
+    value = float(num_bytes)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             break
@@ -62,12 +108,21 @@ def size_of_path(path: str) -> int:
     """
     if os.path.isdir(path):
         return sum(_file_size(name) for name in _files_below(path))
-    match = _SPLIT_GGUF.match(path)
-    if match:
-        count = int(match.group("count"))
-        return sum(_file_size("%s-%05d-of-%05d.gguf" % (match.group("stem"), part, count))
-                   for part in range(1, count + 1))
+    split = _split_gguf(path)
+    if split:
+        stem, count = split
+        return sum(_file_size("%s-%05d-of-%05d.gguf" % (stem, part, count)) for part in range(1, count + 1))
     return _file_size(path)
+
+
+def _split_gguf(path: str) -> Optional[Tuple[str, int]]:
+    """(stem, part count) of ``stem-00002-of-00003.gguf``, else None."""
+    tail = path[-_SPLIT_TAIL:]
+    part, count = tail[1:6], tail[10:15]
+    if not (tail[:1] == "-" and tail[6:10] == "-of-" and tail[15:] == ".gguf" and part.isdecimal()
+            and count.isdecimal()):
+        return None
+    return path[:-_SPLIT_TAIL], int(count)
 
 
 def _files_below(top: str) -> List[str]:

@@ -2,25 +2,35 @@
 
 Every path is ``<root>/sys/...`` or ``<root>/proc/...`` (like hwloc's
 ``HWLOC_FSROOT``), so the same reader runs on the live host and on a captured
-dump. This is the only place in the project that parses sysfs topology.
+dump. This is the only place in the project that parses sysfs topology; the
+files other modules read too (the node directory, ``/proc/self/status``) go
+through kernel_files.py, and GPU vendors come from gpu_vendors.py's table.
 
 ``read()`` never raises for what it finds: missing, empty or garbage files
 become entries in ``warnings`` and the value is left out (null/empty). Only a
 ``root`` that is not a directory is an error. The result is a plain JSON-able
 dict whose shape is the ``numa_facts`` contract (schema_version 1, see
 docs/facts.md).
+
+numa-pin reads the topology at every service start and for ``facts``: files are
+parsed with string methods, not ``re`` (several ms to import, with its enum and
+functools), and ``typing`` is imported for type checkers only.
 """
+from __future__ import annotations
 
 import os
-import re
-from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
+from .gpu_vendors import index_facts, vendor_name
+from .kernel_files import NODE_DIR, node_ids, read_status
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
 
 SCHEMA_VERSION = 1
 
-NODE_DIR = "sys/devices/system/node"
 CPU_DIR = "sys/devices/system/cpu"
 PCI_DIR = "sys/bus/pci/devices"
 
@@ -31,22 +41,24 @@ GPU_CLASSES = frozenset((0x0300, 0x0302, 0x0380, 0x1200))
 BMC_VENDORS = frozenset(("0x1a03", "0x102b"))  # ASPEED, Matrox
 NIC_CLASSES = frozenset((0x0200, 0x0207))  # Ethernet, InfiniBand
 NVME_CLASS = 0x010802
-GPU_VENDORS = {"0x10de": "nvidia", "0x1002": "amd", "0x8086": "intel"}
 
-_NODE_NAME = re.compile(r"^node(\d+)$")
-_CPU_NAME = re.compile(r"^cpu(\d+)$")
-_MEMINFO_LINE = re.compile(r"^(?:Node\s+\d+\s+)?([A-Za-z0-9_()]+):\s+(\d+)(?:\s+kB)?\s*$")
-_THP_CHOICE = re.compile(r"\[([a-z_]+)\]")
-_CACHE_SIZE = re.compile(r"^(\d+)\s*([KMG]?)")
+# The meminfo fields the facts are made of (system-wide and per node).
+_MEMINFO_USED = frozenset(("MemTotal", "MemFree", "MemAvailable", "FilePages", "Shmem", "Cached", "Buffers"))
+# A meminfo line is "[Node N] Name: value [kB]", its name made of these.
+_MEMINFO_NAME = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_()"
+# The choice a kernel marks in brackets, as in "always [madvise] never", is made of these.
+_CHOICE_NAME = "abcdefghijklmnopqrstuvwxyz_"
 _KB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024 * 1024}
 
 
 class _Reader:
     """File access under a root prefix that records what could not be read."""
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, plan_only: bool = False) -> None:
         self.prefix = root.rstrip("/") + "/"
         self.warnings = []  # type: List[str]
+        # Skip what neither placement.plan() nor numa-pin exec uses (see read()).
+        self.plan_only = plan_only
 
     def path(self, rel: str) -> str:
         return self.prefix + rel
@@ -62,31 +74,29 @@ class _Reader:
 
     def text(self, rel: str, required: bool = True) -> Optional[str]:
         """File content stripped of whitespace and NULs; None when unreadable."""
-        # os.open/os.read: a few hundred sysfs files, and open()'s buffered
-        # file objects would cost more than the reads themselves.
+        # os.open/os.read: a thousand sysfs files on a large machine, and open()'s
+        # buffered file objects would cost more than the reads themselves.
         try:
-            fd = os.open(self.path(rel), os.O_RDONLY)
+            fd = os.open(self.prefix + rel, os.O_RDONLY)
             try:
-                chunks = []
-                while True:
+                data = chunk = os.read(fd, 65536)
+                while chunk:  # a short read is not the end of a procfs file
                     chunk = os.read(fd, 65536)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
+                    data += chunk
             finally:
                 os.close(fd)
         except OSError as exc:
             if required:
                 self.warn("%s: cannot read (%s)" % (rel, exc.strerror or exc))
             return None
-        return b"".join(chunks).replace(b"\x00", b"").decode("utf-8", "replace").strip()
+        return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
 
     def integer(self, rel: str, required: bool = True) -> Optional[int]:
         raw = self.text(rel, required)
         if raw is None:
             return None
         try:
-            return int(raw, 0) if raw.lower().startswith("0x") else int(raw)
+            return int(raw, 0) if raw[:2] in ("0x", "0X") else int(raw)
         except ValueError:
             self.warn("%s: expected an integer, found %r" % (rel, raw[:40]))
             return None
@@ -106,14 +116,19 @@ class _Reader:
         self.warnings.append(message)
 
 
-def read(root: str = "/") -> Dict[str, Any]:
-    """Return the topology of the machine whose filesystem root is ``root``."""
+def read(root: str = "/", plan_only: bool = False) -> Dict[str, Any]:
+    """Return the topology of the machine whose filesystem root is ``root``.
+
+    ``plan_only`` reads just what placement.plan() and numa-pin exec use, for the start of
+    every service: ``l3_groups``, ``caches``, each node's ``hugepages``, ``nics`` and ``nvme``
+    stay empty, and ``kernel`` holds only ``weighted_interleave``.
+    """
     if not os.path.isdir(root):
         raise NumaError(
             "topology root %r is not a directory: pass the folder that holds the "
             "captured sys/ and proc/ trees (or / for this host)" % root
         )
-    reader = _Reader(root)
+    reader = _Reader(root, plan_only)
     cpus = _read_cpus(reader)
     online = set(cpus["_online"])
     system_meminfo = _parse_meminfo(reader, "proc/meminfo")
@@ -125,12 +140,13 @@ def read(root: str = "/") -> Dict[str, Any]:
     cpus["packages"] = _packages(cpus["_package_of"], nodes)
     for private in ("_online", "_package_of"):
         del cpus[private]
+    node_keys = [str(node["id"]) for node in nodes]  # the keys of each node's distances
     return {
         "schema_version": SCHEMA_VERSION,
         "root": root,
         "node_count": len(nodes),
         "nodes": nodes,
-        "distances": [[node["distances"].get(str(other["id"])) for other in nodes] for node in nodes],
+        "distances": [list(map(node["distances"].get, node_keys)) for node in nodes],
         "cpus": cpus,
         "gpus": pci["gpus"],
         "nics": pci["nics"],
@@ -168,8 +184,8 @@ def _read_cpus(reader: _Reader) -> Dict[str, Any]:
         "mems_allowed": mems_allowed,
         "threads_per_core": max((len(group) for group in siblings), default=1),
         "siblings": siblings,
-        "l3_groups": _l3_groups(reader, online),
-        "caches": _cache_sizes(reader, online),
+        "l3_groups": [] if reader.plan_only else _l3_groups(reader, online),
+        "caches": {} if reader.plan_only else _cache_sizes(reader, online),
         "_online": online,
         "_package_of": package_of,
     }
@@ -178,9 +194,8 @@ def _read_cpus(reader: _Reader) -> Dict[str, Any]:
 def _cpu_ids(reader: _Reader) -> List[int]:
     ids = []
     for name in reader.listdir(CPU_DIR):
-        match = _CPU_NAME.match(name)
-        if match:
-            ids.append(int(match.group(1)))
+        if name.startswith("cpu") and name[3:].isdecimal():
+            ids.append(int(name[3:]))
     return sorted(ids)
 
 
@@ -248,12 +263,20 @@ def _cache_size_kb(reader: _Reader, index_dir: str) -> Optional[int]:
     raw = reader.text(index_dir + "/size", required=False)
     if not raw:
         return None
-    match = _CACHE_SIZE.match(raw)
-    if not match:
+    digits = _leading_digits(raw)
+    if not digits:
         reader.warn("%s/size: unrecognised cache size %r" % (index_dir, raw[:20]))
         return None
-    number, unit = int(match.group(1)), match.group(2)
-    return number // 1024 if not unit else number * _KB_PER_UNIT[unit]
+    unit = raw[len(digits):].lstrip()[:1]  # "32K", "1024 K" or bytes
+    number = int(digits)
+    return number * _KB_PER_UNIT[unit] if unit in _KB_PER_UNIT else number // 1024
+
+
+def _leading_digits(text: str) -> str:
+    end = 0
+    while end < len(text) and text[end].isdecimal():
+        end += 1
+    return text[:end]
 
 
 def _l3_groups(reader: _Reader, online: List[int]) -> List[Dict[str, Any]]:
@@ -296,8 +319,11 @@ def _read_allowed(reader: _Reader) -> Tuple[str, str]:
     Falls back to the cpuset the process sits in when status has no such lines
     (old kernels, and captures that kept only the cgroup tree).
     """
-    status = reader.text("proc/self/status", required=False) or ""
-    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    try:
+        fields = read_status(reader.prefix, "self") or {}
+    except NumaError as exc:
+        reader.warn(str(exc))
+        fields = {}
     cpus = fields.get("Cpus_allowed_list")
     mems = fields.get("Mems_allowed_list")
     if cpus is None or mems is None:
@@ -353,24 +379,16 @@ def _first_text(reader: _Reader, directory: str, names: Iterable[str]) -> Option
 # --- NUMA nodes -----------------------------------------------------------
 
 
-def _node_ids(reader: _Reader) -> List[int]:
-    ids = []
-    for name in reader.listdir(NODE_DIR):
-        match = _NODE_NAME.match(name)
-        if match:
-            ids.append(int(match.group(1)))
-    return sorted(ids)
-
-
 def _read_nodes(reader: _Reader, online: Set[int], system_meminfo: Dict[str, int]) -> List[Dict[str, Any]]:
-    ids = _node_ids(reader)
+    ids = node_ids(reader.prefix)
     if not ids:
         return [_single_node(reader, online, system_meminfo)]
     # An empty mask file is a truncated capture, not "no node has CPUs".
     has_cpu = reader.cpus(NODE_DIR + "/has_cpu", required=False) or None
     has_memory = reader.cpus(NODE_DIR + "/has_memory", required=False) or None
-    distance_order = reader.cpus(NODE_DIR + "/online", required=False) or ids
-    nodes = [_read_node(reader, node_id, online, distance_order) for node_id in ids]
+    # The kernel prints one distance per online node, in node id order.
+    distance_keys = [str(node) for node in reader.cpus(NODE_DIR + "/online", required=False) or ids]
+    nodes = [_read_node(reader, node_id, online, distance_keys) for node_id in ids]
     _drop_cpus_listed_twice(reader, nodes)
     for node in nodes:
         if has_cpu is not None:
@@ -412,14 +430,15 @@ def _single_node(reader: _Reader, online: Set[int], system_meminfo: Dict[str, in
     return node
 
 
-def _read_node(reader: _Reader, node_id: int, online: Set[int], distance_order: List[int]) -> Dict[str, Any]:
+def _read_node(reader: _Reader, node_id: int, online: Set[int], distance_keys: List[str]) -> Dict[str, Any]:
     base = "%s/node%d" % (NODE_DIR, node_id)
     cpus = reader.cpus(base + "/cpulist", required=False)
     if cpus is None:
         cpus = _parse_cpumap(reader, base + "/cpumap")
     meminfo = _parse_meminfo(reader, base + "/meminfo")
-    node = _node_record(node_id, sorted(set(cpus) & online), meminfo, _read_distances(reader, base, distance_order))
-    node["hugepages"] = _read_hugepages(reader, base + "/hugepages")
+    node = _node_record(node_id, sorted(set(cpus) & online), meminfo, _read_distances(reader, base, distance_keys))
+    if not reader.plan_only:
+        node["hugepages"] = _read_hugepages(reader, base + "/hugepages")
     return node
 
 
@@ -458,35 +477,56 @@ def _parse_cpumap(reader: _Reader, rel: str) -> List[int]:
     except ValueError:
         reader.warn("%s: not a hex CPU mask: %r" % (rel, raw[:40]))
         return []
-    return [bit for bit in range(mask.bit_length()) if mask >> bit & 1]
+    bits = []
+    while mask:  # one step per CPU set, not per bit of a machine-wide mask
+        lowest = mask & -mask
+        bits.append(lowest.bit_length() - 1)
+        mask ^= lowest
+    return bits
 
 
 def _parse_meminfo(reader: _Reader, rel: str) -> Dict[str, int]:
+    """The _MEMINFO_USED fields of a meminfo file: a large machine has one file per node."""
     raw = reader.text(rel)
     values = {}  # type: Dict[str, int]
     for line in (raw or "").splitlines():
-        match = _MEMINFO_LINE.match(line.strip())
-        if match:
-            values[match.group(1)] = int(match.group(2))
+        words = line.partition(":")[0].split()
+        # The word before the colon names the field: only the used fields' lines are parsed.
+        entry = _meminfo_entry(line) if words and words[-1] in _MEMINFO_USED else None
+        if entry:
+            values[entry[0]] = entry[1]
     if raw is not None and "MemTotal" not in values:
         reader.warn("%s: no MemTotal line; memory sizes unknown" % rel)
     return values
 
 
-def _read_distances(reader: _Reader, base: str, order: List[int]) -> Dict[str, int]:
+def _meminfo_entry(line: str) -> Optional[Tuple[str, int]]:
+    """("MemFree", 123) from "MemFree:  123 kB" or a node's "Node 0 MemFree:  123 kB"; else None."""
+    fields = line.split()
+    if len(fields) > 2 and fields[0] == "Node" and fields[1].isdecimal():
+        del fields[:2]
+    if not 2 <= len(fields) <= 3 or fields[2:] not in ([], ["kB"]) or not fields[1].isdecimal():
+        return None
+    name = fields[0][:-1]
+    if not fields[0].endswith(":") or not name or name.strip(_MEMINFO_NAME):
+        return None
+    return name, int(fields[1])
+
+
+def _read_distances(reader: _Reader, base: str, keys: List[str]) -> Dict[str, int]:
+    """{"0": 10, "1": 21, ...}: the node's distance to each node of ``keys`` (the online nodes' ids)."""
     raw = reader.text(base + "/distance")
     if raw is None:
         return {}
     try:
-        values = [int(token) for token in raw.split()]
+        values = list(map(int, raw.split()))
     except ValueError:
         reader.warn("%s/distance: not a list of integers: %r" % (base, raw[:40]))
         return {}
-    if len(values) != len(order):
-        reader.warn("%s/distance: %d values for %d nodes; distances ignored" % (base, len(values), len(order)))
+    if len(values) != len(keys):
+        reader.warn("%s/distance: %d values for %d nodes; distances ignored" % (base, len(values), len(keys)))
         return {}
-    # The kernel prints one distance per online node, in node id order.
-    return {str(node): value for node, value in zip(order, values)}
+    return dict(zip(keys, values))
 
 
 def _read_hugepages(reader: _Reader, rel: str) -> Dict[str, Dict[str, Optional[int]]]:
@@ -511,11 +551,15 @@ def _packages(package_of: Dict[int, int], nodes: List[Dict[str, Any]]) -> List[D
     members = {}  # type: Dict[int, List[int]]
     for cpu, package in sorted(package_of.items()):
         members.setdefault(package, []).append(cpu)
+    nodes_of = {}  # type: Dict[int, List[int]]
+    for node in nodes:  # one pass: a large machine has a hundred packages and dozens of nodes
+        for package in node["packages"]:
+            nodes_of.setdefault(package, []).append(node["id"])
     return [
         {
             "id": package,
             "cpulist": format_cpulist(cpus),
-            "nodes": [node["id"] for node in nodes if package in node["packages"]],
+            "nodes": nodes_of.get(package, []),
         }
         for package, cpus in sorted(members.items())
     ]
@@ -531,8 +575,10 @@ def _read_pci(reader: _Reader, nodes: List[Dict[str, Any]]) -> Dict[str, List[Di
         device_class = reader.integer(base + "/class", required=False)
         if device_class is None:
             continue
-        kind = _device_kind(device_class, reader.text(base + "/vendor", required=False))
-        if kind is None:
+        # Only a display device's vendor matters (a BMC's is no GPU): no read for the others.
+        vendor = reader.text(base + "/vendor", required=False) if device_class >> 8 in GPU_CLASSES else None
+        kind = _device_kind(device_class, vendor)
+        if kind is None or (kind != "gpu" and reader.plan_only):
             continue
         record = _pci_record(reader, base, address, device_class, nodes)
         if kind == "gpu":
@@ -540,7 +586,8 @@ def _read_pci(reader: _Reader, nodes: List[Dict[str, Any]]) -> Dict[str, List[Di
         else:
             record["name"] = _device_name(reader, base, "net" if kind == "nic" else "nvme")
             found["nics" if kind == "nic" else "nvme"].append(record)
-    _assign_cuda_indexes(found["gpus"])
+    for gpu in found["gpus"]:
+        gpu.update(index_facts(gpu, found["gpus"]))
     return found
 
 
@@ -564,7 +611,7 @@ def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
     return {
         "address": address,
         "vendor_id": vendor or None,
-        "vendor": GPU_VENDORS.get(vendor, "other"),
+        "vendor": vendor_name(vendor),
         "device_id": (reader.text(base + "/device", required=False) or "").lower() or None,
         "class": "0x%06x" % device_class,
         "numa_node": numa_node,
@@ -586,29 +633,33 @@ def _device_name(reader: _Reader, base: str, subdir: str) -> Optional[str]:
     return names[0] if names else None
 
 
-def _assign_cuda_indexes(gpus: List[Dict[str, Any]]) -> None:
-    # With CUDA_DEVICE_ORDER=PCI_BUS_ID, CUDA numbers NVIDIA GPUs in bus order.
-    ordinal = 0
-    for gpu in sorted(gpus, key=lambda device: device["address"]):
-        if gpu["vendor"] == "nvidia":
-            gpu["cuda_index"] = ordinal
-            ordinal += 1
-        else:
-            gpu["cuda_index"] = None
-
-
 # --- kernel knobs -----------------------------------------------------------
 
 
 def _read_kernel_knobs(reader: _Reader) -> Dict[str, Any]:
+    if reader.plan_only:
+        return {"weighted_interleave": _read_interleave_weights(reader)}
     thp = reader.text("sys/kernel/mm/transparent_hugepage/enabled", required=False)
-    thp_choice = _THP_CHOICE.search(thp or "")
     return {
         "numa_balancing": reader.integer("proc/sys/kernel/numa_balancing", required=False),
         "zone_reclaim_mode": reader.integer("proc/sys/vm/zone_reclaim_mode", required=False),
-        "transparent_hugepage": thp_choice.group(1) if thp_choice else (thp or None),
+        "transparent_hugepage": _marked_choice(thp or "") or thp or None,
         "weighted_interleave": _read_interleave_weights(reader),
     }
+
+
+def _marked_choice(text: str) -> Optional[str]:
+    """The first bracketed name of a kernel choice file: "always [madvise] never" -> "madvise"."""
+    start = text.find("[")
+    while start >= 0:
+        end = text.find("]", start)
+        if end < 0:
+            return None
+        name = text[start + 1:end]
+        if name and not name.strip(_CHOICE_NAME):
+            return name
+        start = text.find("[", start + 1)
+    return None
 
 
 def _read_interleave_weights(reader: _Reader) -> Optional[Dict[str, int]]:
@@ -616,10 +667,8 @@ def _read_interleave_weights(reader: _Reader) -> Optional[Dict[str, int]]:
     if not reader.exists(base):
         return None
     weights = {}
-    for name in reader.listdir(base):
-        match = _NODE_NAME.match(name)
-        if match:
-            weight = reader.integer("%s/%s" % (base, name))
-            if weight is not None:
-                weights[match.group(1)] = weight
+    for node in node_ids(reader.prefix, base):
+        weight = reader.integer("%s/node%d" % (base, node))
+        if weight is not None:
+            weights[str(node)] = weight
     return weights

@@ -1,0 +1,160 @@
+"""numa-pin's lean start: the quick parser agrees with argparse, the JSON printer with json, and a
+service start imports none of the heavy standard modules."""
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+
+from tests.fixtures import sysfs
+
+MACHINES = [sysfs.dual_socket_gpus, sysfs.amd_nps4, sysfs.grace_like, sysfs.cxl_memory_node, sysfs.vm_without_nodes,
+            sysfs.cgroup_restricted]
+PACKAGE_PARENT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "plugins", "module_utils")
+
+
+def argparse_result(own, server_argv):
+    """What _parse's argparse path makes of the command line: its vars, or the exit code it stops with."""
+    parser = cli._parser(own[0] if own else None)
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            args = parser.parse_args(own)
+            if (args.command == "exec") != bool(server_argv):
+                return "error"
+        except SystemExit as exc:
+            return "exit %s" % exc.code
+    return vars(args)
+
+
+def quick_result(own, server_argv):
+    args = cli._quick_parse(own, server_argv)
+    return None if args is None else vars(args)
+
+
+EVERY_FLAG = sorted({option.flag for option in request.OPTIONS} | {option.negative_flag for option in request.OPTIONS
+                                                                    if option.kind == "bool"}
+                    | {"--root", "--best-effort", "--no-best-effort", "--nod", "--node=0", "-h", "--help", "-x"})
+WORDS = ["0", "1", "-1", "x", "", "auto", "bind", "evict", "socket", "12G", "10%+1G", "/m.gguf", "0,1", "-", " 2"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(command=st.sampled_from(["exec", "explain", "facts", "audit", "--help", "bogus"]),
+       rest=st.lists(st.one_of(st.sampled_from(EVERY_FLAG), st.sampled_from(WORDS)), max_size=7),
+       server=st.sampled_from([[], ["/bin/true", "-t", "{threads}"]]))
+def test_a_line_the_quick_parser_takes_is_what_argparse_makes_of_it(command, rest, server):
+    own = [command] + rest
+    quick = quick_result(own, server)
+    if quick is not None:
+        assert quick == argparse_result(own, server)
+
+
+def test_the_quick_parser_takes_every_flag_a_unit_writes():
+    every = {"node": "1", "gpus": "none", "model_size": "14G", "model": ["/srv/a.gguf", "/srv/b.gguf"],
+             "memory_headroom": "10%+1G", "smt": False, "reserve_cpus": "0,1", "scope": "socket", "instances": 2,
+             "instance": 1, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate", "replica_dir": "/var/x",
+             "port_base": 8080, "anchors": "0,1"}
+    assert set(every) == set(request.BY_NAME)
+    flags = systemd.request_flags({name: value for name, value in every.items() if name != "model"})
+    for path in every["model"]:
+        flags += ["--model", path]
+    own = ["exec"] + flags + ["--best-effort"]
+    quick = quick_result(own, ["llama-server"])
+    assert quick is not None and quick == argparse_result(own, ["llama-server"])
+    assert quick["model"] == every["model"] and quick["instances"] == 2 and quick["smt"] is False
+    assert quick_result(["facts", "--root", "/x"], []) == argparse_result(["facts", "--root", "/x"], [])
+
+
+@pytest.mark.parametrize("own, server", [
+    (["exec", "--nod", "0"], ["true"]),          # an abbreviation: argparse resolves it
+    (["exec", "--node=0"], ["true"]),
+    (["exec", "--node", "-1"], ["true"]),        # argparse decides whether "-1" is a value
+    (["exec", "--instances", "two"], ["true"]),  # argparse words the error
+    (["exec", "--policy", "fast"], ["true"]),
+    (["exec", "--model"], ["true"]),
+    (["exec", "--node", "0"], []),               # no server: argparse's error
+    (["facts"], ["true"]),
+    (["exec", "--help"], ["true"]),
+    (["audit", "--pid", "1"], []),
+])
+def test_anything_else_is_left_to_argparse(own, server):
+    assert cli._quick_parse(own, server) is None
+
+
+def printed(data):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli._print_json(data)
+    return out.getvalue()
+
+
+JSONISH = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=6),
+              st.sampled_from(["", "plain", 'q"uote', "back\\slash", "\x7f", "tab\t", "é", "0-3,8"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(st.text(max_size=4), inner, max_size=4),
+                            st.dictionaries(st.integers(0, 9), inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["0", "1", "17"]), st.integers(), max_size=3)),
+    max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSONISH)
+def test_printed_json_is_json_dumps_byte_for_byte(data):
+    assert printed(data) == json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_printed_facts_are_json_dumps_byte_for_byte(tmp_path, machine):
+    facts = read(machine().write(str(tmp_path)))
+    assert printed(facts) == json.dumps(facts, indent=2, sort_keys=True) + "\n"
+
+
+def plan_or_error(topology, options):
+    try:
+        return plan(topology, Request(**options)).to_dict()
+    except NumaError as exc:
+        return str(exc)
+
+
+@pytest.mark.parametrize("machine", MACHINES)
+def test_the_plan_only_read_plans_as_the_full_one(tmp_path, machine):
+    root = machine().write(str(tmp_path))
+    full, lean = read(root), read(root, plan_only=True)
+    assert lean["nics"] == lean["nvme"] == [] and lean["cpus"]["caches"] == {} and set(lean["kernel"]) == {
+        "weighted_interleave"}
+    for options in ({}, {"gpus": "none", "model_size": "20G"}, {"scope": "socket", "policy": "interleave"},
+                    {"instances": 3, "instance": 2, "smt": False, "model_size": "1T"}, {"gpus": 1, "node": 1}):
+        assert plan_or_error(lean, options) == plan_or_error(full, options), options
+
+
+HEAVY = {"argparse", "re", "typing", "dataclasses", "fractions", "decimal", "json", "enum", "inspect", "shutil"}
+
+
+@pytest.mark.parametrize("args", [
+    ["exec", "--node", "0", "--best-effort", "--model", __file__, "--", "/nonexistent/server"],
+    ["exec", "--instances", "2", "--instance", "1", "--memory-headroom", "10%+1G", "--model-size", "1M",
+     "--best-effort", "--", "/nonexistent/server"],
+    ["facts"],
+])
+def test_a_start_imports_none_of_the_heavy_standard_modules(args):
+    """As the installed launcher runs it (-I -S, the package on sys.path): what the interpreter imports."""
+    launcher = "import sys; sys.path.insert(0, %r); from numa.cli import run; run()" % PACKAGE_PARENT
+    done = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", launcher] + args,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
+                          check=False)
+    assert done.returncode in (0, cli.EXIT_NOT_FOUND), done.stderr
+    imported = set(re.findall(r"\|\s+([\w.]+)\s*$", done.stderr, re.MULTILINE))
+    assert "numa.cli" in imported
+    assert imported & HEAVY == set()
