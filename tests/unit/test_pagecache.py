@@ -72,6 +72,19 @@ def drop(path):
         os.close(fd)
 
 
+def cache_runs(path, runs):
+    """Drop the file from the page cache, then read back only these (first page, pages) runs
+    (no readahead beyond them)."""
+    drop(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        for first, count in runs:
+            os.pread(fd, count * PAGE, first * PAGE)
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def disk_dir():
     for base in ("/var/tmp", os.path.join(REPO, "build")):
@@ -120,13 +133,7 @@ def test_cached_file_is_all_on_node_0(cached_file):
 def test_scan_reads_no_uncached_page(cached_file):
     drop(cached_file)
     assert fincore_pages(cached_file) == 0
-    fd = os.open(cached_file, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        os.pread(fd, 64 * PAGE, 0)
-        os.pread(fd, 64 * PAGE, 480 * PAGE)
-    finally:
-        os.close(fd)
+    cache_runs(cached_file, [(0, 64), (480, 64)])
     cached = fincore_pages(cached_file)
     assert 128 <= cached < PAGES
     # small windows: the second run crosses the boundary at page 500
@@ -484,14 +491,7 @@ def test_sample_of_a_cached_file_agrees_with_the_full_scan(cached_file):
 
 @pytest.mark.parametrize("cachestat", [True, False], ids=["cachestat", "mincore-only"])
 def test_sample_of_a_partly_cached_file_counts_its_pages_and_reads_no_other(cached_file, monkeypatch, cachestat):
-    drop(cached_file)
-    fd = os.open(cached_file, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
-        os.pread(fd, 400 * PAGE, 0)
-        os.pread(fd, 400 * PAGE, 550 * PAGE)
-    finally:
-        os.close(fd)
+    cache_runs(cached_file, [(0, 400), (550, 400)])
     cached = fincore_pages(cached_file)
     assert pagecache.FIRST_SAMPLE < cached < PAGES
     if not cachestat:  # a kernel before 6.5, or a seccomp filter that refuses it
