@@ -4,7 +4,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -14,11 +13,11 @@ from ansible.module_utils.testing import patch_module_args
 from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing
 from ansible_collections.inferops.numa.plugins.modules import numa_balancing
 
+from tests.tools import ansible_command
 from tests.unit.balancing_fakeroot import FakeRoot
 
 OURS = "/etc/sysctl.d/60-inferops-numa.conf"
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-ANSIBLE = os.path.join(os.path.dirname(sys.executable), "ansible")
 
 
 @pytest.fixture
@@ -166,7 +165,7 @@ def adhoc(root, extra_env=None, prefix=(), extra_args=()):
     Returns the status word of the minimal callback (CHANGED, SUCCESS, FAILED!) and the result dict.
     """
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), **(extra_env or {}))
-    proc = subprocess.run(list(prefix) + [ANSIBLE, "localhost", "-m", "numa_balancing",
+    proc = subprocess.run(list(prefix) + [ansible_command("ansible"), "localhost", "-m", "numa_balancing",
                                           "-a", "state=disabled root=%s" % root] + list(extra_args),
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
     # The minimal callback prints "localhost | CHANGED => {json}".
@@ -175,7 +174,6 @@ def adhoc(root, extra_env=None, prefix=(), extra_args=()):
     return head.split("|")[-1].strip(), json.loads(body)
 
 
-@pytest.mark.skipif(not os.path.exists(ANSIBLE), reason="ansible CLI not in this interpreter's venv")
 def test_adhoc_bare_module_name_resolves_and_runs(host):
     status, out = adhoc(host.path)
     assert status == "CHANGED" and out["changed"] is True and out["persisted_file"] == host.real(OURS)
@@ -188,8 +186,7 @@ SETPRIV = shutil.which("setpriv")
 SYSTEM_PYTHON = "/usr/bin/python3"
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not SETPRIV or not os.path.exists(ANSIBLE)
-                    or not os.path.exists(SYSTEM_PYTHON),
+@pytest.mark.skipif(os.geteuid() != 0 or not SETPRIV or not os.path.exists(SYSTEM_PYTHON),
                     reason="needs root, setpriv and /usr/bin/python3 to run the module as nobody")
 def test_adhoc_as_unprivileged_user_fails_with_become_hint():
     """A real EACCES: root owns the fake root, the module runs as nobody."""

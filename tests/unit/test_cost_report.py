@@ -9,11 +9,11 @@ import jinja2
 import pytest
 
 from ansible_collections.inferops.numa.plugins.filter import numa_cost_report as report_filter
+from tests.tools import ansible_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TEMPLATES = os.path.join(REPO, "playbooks", "templates")
 PLAYBOOK = os.path.join(REPO, "playbooks", "cost_report.yml")
-ANSIBLE_PLAYBOOK = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
 
 SIGNATURE = "node0:2cpu node1:2cpu slit=10,21/21,10"
 
@@ -140,13 +140,13 @@ def test_html_escapes_host_supplied_text():
     assert "&lt;b&gt;bad&lt;/b&gt; &amp; worse" in page and "<b>bad</b>" not in page
 
 
-@pytest.mark.skipif(not os.path.exists(ANSIBLE_PLAYBOOK), reason="ansible-playbook not installed next to this Python")
 def test_playbook_measures_this_host_and_writes_both_reports(tmp_path):
+    playbook_command = ansible_command("ansible-playbook")
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts:\n    here:\n      ansible_connection: local\n"
                          "      ansible_python_interpreter: %s\n" % sys.executable)
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
-    done = subprocess.run([ANSIBLE_PLAYBOOK, "-i", str(inventory), PLAYBOOK,
+    done = subprocess.run([playbook_command, "-i", str(inventory), PLAYBOOK,
                            "-e", "numa_cost_report_dir=%s" % tmp_path, "-e", "numa_cost_buffer_mb=64",
                            "-e", "numa_cost_chase_steps=100000", "-e", "numa_cost_rounds=1",
                            "-e", "numa_cost_window_seconds=0.2"],
