@@ -1,0 +1,79 @@
+"""Print the installed numa-pin's stamp, after checking that only root could have written what it vouches for.
+
+Every service start runs numa-pin, often as root, so its code and launcher must be writable by root
+alone: a directory on their path that another user may write (owner, or group/other write bit)
+would let that user swap the code, or a stamp, that the role then trusts. Run as
+``python3 -I installed_stamp.py PACKAGE_DIR LAUNCHER``: prints the stamp, or nothing when none is
+installed yet; exits 1 with one line naming the path, its owner and the fix when a path is not
+root's alone. Standard library only: it runs on the host before the helper is installed.
+"""
+import errno
+import os
+import stat
+import sys
+
+STAMP = ".installed"
+STAMP_MAX_BYTES = 4096
+
+
+def untrusted(path):
+    """The first part of ``path`` that someone other than root may change, with why; or None.
+
+    Both the path as written and the path it resolves to: a root-owned symlink on the way is fine
+    when every directory of its target is root's alone as well.
+    """
+    for spelling in (path, os.path.realpath(path)):
+        problem = _untrusted_walk(spelling)
+        if problem:
+            return problem
+    return None
+
+
+def _untrusted_walk(path):
+    parts = [part for part in path.split("/") if part]
+    for depth in range(len(parts) + 1):
+        current = "/" + "/".join(parts[:depth])
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            return None  # not installed yet: the role creates the rest, owned by root
+        if info.st_uid != 0:
+            return "%s is owned by uid %d" % (current, info.st_uid)
+        if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return "%s is writable by group or others (mode %04o)" % (current, stat.S_IMODE(info.st_mode))
+    return None
+
+
+def read_stamp(package):
+    try:
+        fd = os.open(os.path.join(package, STAMP), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP):  # none, or a symlink the role never writes: install again
+            return ""
+        raise
+    with os.fdopen(fd, "rb") as stamp:
+        info = os.fstat(stamp.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0:
+            return ""  # not one the role wrote: install again
+        return stamp.read(STAMP_MAX_BYTES).decode("ascii", "replace").strip()
+
+
+def main(package, launcher):
+    for path in (package, launcher):
+        problem = untrusted(os.path.abspath(path))
+        if problem:
+            print("numa-pin's install path is not root's alone: %s. Fix: make every directory of %s owned by root "
+                  "and writable by root only (chown root; chmod go-w), or set numa_host_helper_dir / "
+                  "numa_host_helper_path to such a place" % (problem, path))
+            return 1
+    try:
+        print(read_stamp(package))
+    except OSError as exc:
+        print("cannot read numa-pin's install stamp in %s: %s. Fix: check that directory, or remove it to install "
+              "afresh" % (package, exc.strerror))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
