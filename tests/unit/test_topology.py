@@ -6,6 +6,7 @@ import os
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 from tests.fixtures import sysfs
@@ -221,3 +222,107 @@ def test_this_host_reads_without_warnings_about_nodes():
     assert facts["node_count"] >= 1
     assert set(facts["nodes"][0]["cpus"]) <= set(range(os.cpu_count() or 1024))
     assert facts["cpus"]["allowed"]
+
+
+def test_a_node_directory_left_out_of_online_warns_and_plans_as_the_farthest(tmp_path):
+    machine = sysfs.amd_nps4()
+    machine.put("sys/devices/system/node/online", "0-6")  # node7's directory stays
+    for node_id in range(7):  # the kernel prints one distance per online node
+        machine.put("sys/devices/system/node/node%d/distance" % node_id,
+                    " ".join("10" if other == node_id else "12" if other // 4 == node_id // 4 else "32"
+                             for other in range(7)))
+    facts = read(machine.write(str(tmp_path)))
+    assert any("leaves out node(s) 7" in warning for warning in facts["warnings"]), facts["warnings"]
+    assert [row[7] for row in facts["distances"][:7]] == [None] * 7
+    # Node 0 needs all eight nodes' memory: the unknown node 7 comes last, after the 32s.
+    placed = plan(facts, Request(node=0, model_size="450G", memory_headroom="0", policy="preferred"))
+    assert placed.mem_nodes[-1:] == [7] or 7 not in placed.mem_nodes
+    assert plan(facts, Request(node=7)).node == 7
+
+
+@pytest.mark.parametrize("name", ["node01", "node1x", "node\u0661", "node-1", "node 1"])
+def test_only_the_kernel_spelling_of_a_node_number_is_a_node(tmp_path, name):
+    machine = sysfs.dual_socket_gpus()
+    for rel, content in list(machine.files.items()):
+        if rel.startswith("sys/devices/system/node/node1/"):
+            machine.put(rel.replace("/node1/", "/%s/" % name), content)
+    facts = read(machine.write(str(tmp_path)))
+    assert [node["id"] for node in facts["nodes"]] == [0, 1]
+
+
+@pytest.mark.parametrize("rel, content, warned", [
+    ("sys/devices/system/node/node0/cpulist", "0-1048575", "node0/cpulist"),
+    ("sys/devices/system/node/node0/cpulist", "0-159,160", "node0/cpulist"),
+    ("sys/devices/system/node/node0/cpumap", "1" + ",00000000" * 6, "node0/cpumap"),
+    ("sys/devices/system/node/node0/meminfo", "Node 0 MemTotal: %s kB" % ("9" * 5000), "node0/meminfo"),
+    ("sys/devices/system/node/node0/distance", "10 " + "2" * 5000, "node0/distance"),
+    ("sys/devices/system/node/node0/distance", "10 256", "node0/distance"),
+    ("sys/bus/pci/devices/0000:81:00.0/numa_node", "1" * 4400, "0000:81:00.0/numa_node"),
+    ("sys/bus/pci/devices/0000:81:00.0/numa_node", "4096", "0000:81:00.0/numa_node"),
+    ("sys/devices/system/cpu/cpu0/cache/index3/size", "9" * 5000 + "K", "index3/size"),
+    ("proc/self/status", "Mems_allowed_list:\t0-5000\nCpus_allowed_list:\t0-3\n", "proc/self/status"),
+])
+def test_numbers_past_what_a_kernel_prints_are_warnings(tmp_path, rel, content, warned):
+    machine = sysfs.dual_socket_gpus()
+    machine.put("sys/devices/system/cpu/possible", "0-159")
+    machine.put("sys/devices/system/node/possible", "0-1")
+    if rel.endswith("cpumap"):
+        del machine.files["sys/devices/system/node/node0/cpulist"]
+    machine.put(rel, content)
+    facts = read(machine.write(str(tmp_path)))
+    json.dumps(facts)
+    assert any(warned in warning and "\n" not in warning and len(warning) < 300 for warning in facts["warnings"]), \
+        facts["warnings"]
+    assert all(cpu < 160 for node in facts["nodes"] for cpu in node["cpus"])
+
+
+def test_a_cpu_directory_past_the_possible_cpus_is_ignored_with_a_warning(tmp_path):
+    machine = sysfs.vm_without_nodes()
+    machine.put("sys/devices/system/cpu/possible", "0-3")
+    machine.put("sys/devices/system/cpu/cpu99999/topology/core_id", "0")
+    del machine.files["sys/devices/system/cpu/online"]
+    facts = read(machine.write(str(tmp_path)))
+    assert facts["cpus"]["online"] == "0-3"
+    assert any("cpu99999" in warning for warning in facts["warnings"]), facts["warnings"]
+
+
+def test_links_in_the_tree_resolve_inside_it(tmp_path):
+    """A captured tree with absolute links (as a copy of /sys can have) reads its own files, not this host's."""
+    root = sysfs.dual_socket_gpus().write(str(tmp_path / "root"))
+    node1 = os.path.join(root, "sys/devices/system/node/node1")
+    os.rename(node1, os.path.join(root, "sys/devices/node1-real"))
+    os.symlink("/sys/devices/node1-real", node1)
+    proc_self = os.path.join(root, "proc/self")
+    os.rename(proc_self, os.path.join(root, "proc/4242"))
+    os.symlink("../../../../../../proc/4242", proc_self)  # .. stops at the root
+    facts = read(root)
+    assert node(facts, 1)["cpus"] == list(range(40, 80)) + list(range(120, 160))
+    assert facts["cpus"]["allowed"] == "0-159" and facts["warnings"] == []
+
+
+@pytest.mark.parametrize("cpuset", ["/../../../outside", "batch/../../outside", "../outside"])
+def test_a_cpuset_path_that_climbs_is_a_warning_and_reads_nothing(tmp_path, cpuset):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "cpuset.cpus").write_text("5")
+    machine = sysfs.amd_nps4()
+    machine.put("proc/self/status", "Name:\tpython3\n")
+    machine.put("proc/self/cpuset", cpuset)
+    machine.put("proc/mounts", "cgroup /sys/fs/cgroup/cpuset cgroup rw,cpuset 0 0")
+    cpus = read(machine.write(str(tmp_path / "root")))
+    assert cpus["cpus"]["allowed"] == ""
+    assert any("proc/self/cpuset" in warning for warning in cpus["warnings"]), cpus["warnings"]
+
+
+def test_a_fifo_a_loop_and_a_directory_are_warnings_even_where_a_file_is_optional(tmp_path):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    os.remove(os.path.join(root, "proc/sys/kernel/numa_balancing"))
+    os.mkfifo(os.path.join(root, "proc/sys/kernel/numa_balancing"))
+    os.remove(os.path.join(root, "sys/devices/system/cpu/isolated"))
+    os.symlink("isolated", os.path.join(root, "sys/devices/system/cpu/isolated"))
+    os.remove(os.path.join(root, "sys/bus/pci/devices/0000:81:00.0/numa_node"))
+    os.mkdir(os.path.join(root, "sys/bus/pci/devices/0000:81:00.0/numa_node"))
+    facts = read(root)
+    assert facts["kernel"]["numa_balancing"] is None and facts["cpus"]["isolated"] == ""
+    for rel in ("numa_balancing", "cpu/isolated", "0000:81:00.0/numa_node"):
+        assert any(rel in warning for warning in facts["warnings"]), (rel, facts["warnings"])

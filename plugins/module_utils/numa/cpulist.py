@@ -10,47 +10,64 @@ several ms) and ``typing`` only for type checkers.
 from __future__ import annotations
 
 from .errors import NumaError
+from .sizes import shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable, List
 
-# A typo like "0-1000000" would otherwise build a list of a million ints.
-_MAX_ID = 1 << 20
+# No kernel numbers more: CONFIG_NR_CPUS tops out at 8192 (x86's MAXSMP, powerpc), and
+# MAX_NUMNODES is 1 << NODES_SHIFT with no architecture's NODES_SHIFT above 10. The sysfs
+# reader bounds its lists by these (or by the host's possible CPUs and nodes).
+MAX_CPUS = 8192
+MAX_NODES = 1024
+# Callers that name no bound: a typo like "0-99999999" would otherwise build a list of
+# a hundred million ints.
+_PLAUSIBLE_IDS = 1 << 20
+_DIGITS = "0123456789"
 
 
-def parse_cpulist(text: str) -> List[int]:
-    """``"0-3,8,10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]`` (sorted, unique).
+def parse_cpulist(text: str, limit: int = _PLAUSIBLE_IDS) -> List[int]:
+    """``"0-3,8,10-11"`` -> ``[0, 1, 2, 3, 8, 10, 11]`` (sorted, unique), every id below ``limit``.
 
     An empty or blank string is the empty list, as sysfs prints it for a node
-    without CPUs. Anything else that is not the kernel's list syntax raises
-    NumaError naming the text.
+    without CPUs. Anything else that is not the kernel's list syntax, or names an
+    id of ``limit`` or more, raises NumaError naming the text.
     """
     if not isinstance(text, str):
-        raise NumaError("cpu list %r is not a string: write it like '0-3,8,10-11'" % (text,))
+        raise NumaError("cpu list %s is not a string: write it like '0-3,8,10-11'" % shown(text))
     body = text.strip()
     if not body:
         return []
     ids = set()
     for item in body.split(","):
-        ids.update(_parse_item(item.strip(), text))
+        ids.update(_parse_item(item.strip(), text, limit))
     return sorted(ids)
 
 
-def _parse_item(item: str, text: str) -> range:
-    # isdecimal() is exactly what a regex's \d matches (and all that int() takes here).
+def _parse_item(item: str, text: str, limit: int) -> range:
+    # ASCII digits only: str.isdecimal() and int() would take other scripts' digits too.
     head, dash, tail = item.partition("-")
-    if not head.isdecimal() or (dash and not tail.isdecimal()):
-        raise NumaError("cannot read cpu list %r: item %r is not N or N-M; write it like '0-3,8,10-11'"
-                        % (text, item))
+    if not _is_digits(head) or (dash and not _is_digits(tail)):
+        raise NumaError("cannot read cpu list %s: item %s is not N or N-M; write it like '0-3,8,10-11'"
+                        % (shown(text), shown(item)))
+    # More digits than any limit has: int() of thousands of digits is slow, then refused.
+    if max(len(head), len(tail)) > len(str(limit)):
+        raise NumaError("cannot read cpu list %s: %s is not a plausible cpu or node number"
+                        % (shown(text), shown(item)))
     first = int(head)
     last = int(tail) if dash else first
     if last < first:
-        raise NumaError("cannot read cpu list %r: range %r runs backwards; write %d-%d"
-                        % (text, item, last, first))
-    if last >= _MAX_ID:
-        raise NumaError("cannot read cpu list %r: %d is not a plausible cpu or node number" % (text, last))
+        raise NumaError("cannot read cpu list %s: range %s runs backwards; write %d-%d"
+                        % (shown(text), shown(item), last, first))
+    if last >= limit:
+        raise NumaError("cannot read cpu list %s: %d is past the last possible cpu or node number, %d"
+                        % (shown(text), last, limit - 1))
     return range(first, last + 1)
+
+
+def _is_digits(text: str) -> bool:
+    return bool(text) and not text.strip(_DIGITS)
 
 
 def format_cpulist(ids: Iterable[int]) -> str:

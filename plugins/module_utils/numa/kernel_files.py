@@ -11,25 +11,200 @@ host, a captured or fake tree in tests), like hwloc's ``HWLOC_FSROOT``:
   allocation counters; balancing: the scanner's counters);
 - the ``node<N>`` entries of a sysfs directory (topology, numastat).
 
+A root other than ``/`` is someone else's tree, read by root: :class:`Root` resolves
+every path inside it as a chroot would (hwloc opens relative to a root fd the same
+way), opens regular files only, never blocks on a FIFO and reads a bounded amount.
+
 kernel.py makes the syscalls; this module only reads. numa-pin exec imports it at
 every server start (through topology and pagecache), so ``typing`` is imported for
 type checkers only.
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from .errors import NumaError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Dict, List, Optional, Tuple, Union
+    from typing import Dict, Iterable, List, Optional, Tuple, Union
 
     # (start address, permissions, device "major:minor" in hex, inode, path or "")
     MapsEntry = Tuple[int, str, str, str, str]
 
 NODE_DIR = "sys/devices/system/node"
 VMSTAT = "proc/vmstat"
+
+# A sysfs attribute is at most a page and procfs text files a few KiB; /proc/mounts of a
+# busy container host runs to hundreds of KiB. Past this a file is no kernel file.
+MAX_FILE_BYTES = 1 << 20
+# /proc/<pid>/maps: vm.max_map_count (65530 by default) lines of up to ~100 bytes, and more
+# where the count is raised for databases.
+MAX_MAPS_BYTES = 64 << 20
+# The kernel's own limit on symbolic links followed in one lookup (MAXSYMLINKS).
+MAX_SYMLINKS = 40
+# Directory fds kept open while reading a tree: reads cluster by directory, and a
+# process may have no more than 1024 fds in all.
+_OPEN_DIRS = 64
+
+_DIGITS = "0123456789"
+_HEX_DIGITS = "0123456789abcdefABCDEF"
+
+_READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class Root:
+    """The tree under ``path``, read as if it were ``/``.
+
+    Under any root but ``/`` each name is looked up from a directory fd without
+    following it: a symbolic link is read and resolved again from the root (an absolute
+    one) or from its directory, and ``..`` stops at the root, so no link or ``..`` in
+    the tree reaches outside it. This host's ``/`` is opened by plain paths: its sysfs
+    and procfs are the kernel's, and numa-pin exec reads them at every service start.
+    Failures are OSError, as the ``open`` they replace raises.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.prefix = path.rstrip("/") + "/"
+        self._root_fd = None if os.path.realpath(path) == "/" else os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+        self._dirs = {}  # type: Dict[str, int]
+
+    def __enter__(self) -> Root:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self._dirs.values():
+            os.close(fd)
+        self._dirs.clear()
+        if self._root_fd is not None:
+            os.close(self._root_fd)
+            self._root_fd = None
+
+    def read(self, rel: str, limit: int = MAX_FILE_BYTES) -> bytes:
+        """The bytes of the regular file ``rel``; OSError when it is anything else or over ``limit``."""
+        fd = self._open_file(rel)
+        try:
+            return _read_regular(fd, limit)
+        finally:
+            os.close(fd)
+
+    def listdir(self, rel: str) -> List[str]:
+        """The names in directory ``rel``, unsorted."""
+        if self._root_fd is None:
+            return os.listdir(self.prefix + rel)
+        return os.listdir(self._lookup(rel, want_directory=True))  # listdir dups the fd it is given
+
+    def exists(self, rel: str) -> bool:
+        if self._root_fd is None:
+            return os.path.exists(self.prefix + rel)
+        try:
+            self._lookup(rel, want_directory=None)
+        except OSError:
+            return False
+        return True
+
+    def _open_file(self, rel: str) -> int:
+        if self._root_fd is None:
+            return os.open(self.prefix + rel, _READ_FLAGS)
+        return self._lookup(rel, want_directory=False)
+
+    def _lookup(self, rel: str, want_directory: Optional[bool]) -> int:
+        """An fd for ``rel`` resolved inside the root: a cached directory's (``want_directory``),
+        a newly opened regular file's (not ``want_directory``), either (None, for exists)."""
+        pending = _components(rel)
+        here = ""  # the path from the root of the directory reached so far, free of links
+        links = 0
+        while pending:
+            name = pending.pop()
+            if name == "..":
+                here = here.rpartition("/")[0]
+                continue
+            path = here + "/" + name if here else name
+            if path in self._dirs:
+                here = path
+                continue
+            parent = self._dir_fd(here)
+            mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                links += 1
+                if links > MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, "more than %d symbolic links: a link loop" % MAX_SYMLINKS)
+                target = os.readlink(name, dir_fd=parent)
+                here = "" if target.startswith("/") else here
+                pending.extend(_components(target))
+            elif stat.S_ISDIR(mode):
+                self._remember(path, os.open(name, _DIR_FLAGS, dir_fd=parent))
+                here = path
+            elif pending or want_directory:
+                raise OSError(errno.ENOTDIR, "%s is not a directory" % path)
+            else:
+                _check_regular(mode)
+                return os.open(name, _READ_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+        if want_directory is False:
+            raise OSError(errno.EISDIR, "a directory, not a file")
+        return self._dir_fd(here)
+
+    def _dir_fd(self, here: str) -> int:
+        return self._dirs[here] if here else self._root_fd  # type: ignore[return-value]
+
+    def _remember(self, path: str, fd: int) -> None:
+        if len(self._dirs) >= _OPEN_DIRS:
+            os.close(self._dirs.pop(next(iter(self._dirs))))  # the oldest: reads move on by directory
+        self._dirs[path] = fd
+
+
+def _components(path: str) -> List[str]:
+    """The names of ``path`` last first (a stack to pop), without the empty and "." ones."""
+    return [name for name in reversed(path.split("/")) if name not in ("", ".")]
+
+
+def _check_regular(mode: int) -> None:
+    # A FIFO would block and a device would be driven by opening it; sysfs and procfs
+    # attributes are all regular files.
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, "not a regular file (file type %o)" % stat.S_IFMT(mode))
+
+
+def _read_regular(fd: int, limit: int) -> bytes:
+    _check_regular(os.fstat(fd).st_mode)
+    chunks = []
+    size = 0
+    chunk = os.read(fd, 65536)
+    while chunk:  # a short read is not the end of a procfs file
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise OSError(errno.EFBIG, "larger than %d bytes, which no kernel file is" % limit)
+        chunk = os.read(fd, 65536)
+    return b"".join(chunks)
+
+
+def parse_integer(text: str) -> Optional[int]:
+    """A number as the kernel prints one (``-1``, ``4096``, ``0x030200``); None for anything else.
+
+    Bounded to 64 bits' worth of digits: int() would take ``1_0`` and ``+5``, and raises
+    past 4300 digits; a bigger number is no counter's.
+    """
+    if text[:2] in ("0x", "0X"):
+        digits = text[2:]
+        return int(digits, 16) if 0 < len(digits) <= 16 and not digits.strip(_HEX_DIGITS) else None
+    digits = text[1:] if text[:1] == "-" else text
+    if not 0 < len(digits) <= 20 or digits.strip(_DIGITS):
+        return None
+    return int(text)
+
+
+def is_kernel_number(text: str) -> bool:
+    """True for how the kernel prints an unsigned number in a name like ``node12``: ASCII digits,
+    no leading zero, at most 9 of them (so ``node01`` and ``node١`` are not node 1)."""
+    return 0 < len(text) <= 9 and not text.strip(_DIGITS) and (text == "0" or text[0] != "0")
 
 
 def proc_text(root: str, pid: Union[int, str], name: str, tid: Optional[int] = None) -> Optional[str]:
@@ -38,10 +213,11 @@ def proc_text(root: str, pid: Union[int, str], name: str, tid: Optional[int] = N
     ``pid`` may be ``"self"``.
     """
     parts = [str(pid)] + (["task", str(tid)] if tid is not None else []) + [name]
-    path = os.path.join(root, "proc", *parts)
+    rel = "/".join(["proc"] + parts)
+    path = os.path.join(root, rel)
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        with Root(root) as tree:
+            return tree.read(rel, MAX_MAPS_BYTES if name == "maps" else MAX_FILE_BYTES).decode("utf-8", "replace")
     except (FileNotFoundError, ProcessLookupError):
         return None
     except PermissionError:
@@ -52,7 +228,7 @@ def proc_text(root: str, pid: Union[int, str], name: str, tid: Optional[int] = N
                         % (path, exc.strerror or exc, root)) from None
 
 
-def _parse_status(text: str) -> Dict[str, str]:
+def parse_status(text: str) -> Dict[str, str]:
     """``/proc/<pid>/status`` -> {"Name": "llama-server", "Cpus_allowed_list": "0-3", "VmRSS": "812 kB", ...}."""
     fields = {}
     for line in text.splitlines():
@@ -65,7 +241,7 @@ def _parse_status(text: str) -> Dict[str, str]:
 def read_status(root: str, pid: Union[int, str], tid: Optional[int] = None) -> Optional[Dict[str, str]]:
     """The fields of a process's (or thread's) status file; None once it is gone."""
     text = proc_text(root, pid, "status", tid)
-    return None if text is None else _parse_status(text)
+    return None if text is None else parse_status(text)
 
 
 def parse_maps(text: str) -> List[MapsEntry]:
@@ -89,15 +265,16 @@ def parse_maps(text: str) -> List[MapsEntry]:
 def read_counter_file(root: str, rel: str) -> Dict[str, int]:
     """The ``name value`` lines of a counter file (``proc/vmstat``, a node's ``numastat``); {} when unreadable."""
     try:
-        with open(os.path.join(root, rel), encoding="ascii", errors="replace") as handle:
-            lines = handle.read().splitlines()
+        with Root(root) as tree:
+            lines = tree.read(rel).decode("ascii", "replace").splitlines()
     except OSError:
         return {}
     counts = {}
     for line in lines:
         parts = line.split()
-        if len(parts) == 2 and parts[1].isdecimal():
-            counts[parts[0]] = int(parts[1])
+        count = parse_integer(parts[1]) if len(parts) == 2 else None
+        if count is not None and count >= 0:
+            counts[parts[0]] = count
     return counts
 
 
@@ -109,8 +286,15 @@ def read_vmstat(root: str) -> Dict[str, int]:
 def node_ids(root: str, rel: str = NODE_DIR) -> List[int]:
     """The N of every ``node<N>`` entry of a sysfs directory, ascending; [] when it cannot be listed."""
     try:
-        names = os.listdir(os.path.join(root, rel))
+        with Root(root) as tree:
+            names = tree.listdir(rel)
     except OSError:
         return []
-    # isdecimal is what the regex \d matches and what int() takes; no re on the start path.
-    return sorted(int(name[4:]) for name in names if name.startswith("node") and name[4:].isdecimal())
+    return numbered(names, "node")
+
+
+def numbered(names: Iterable[str], prefix: str) -> List[int]:
+    """The N of every name that is ``prefix`` and a number as the kernel prints it (see
+    is_kernel_number), ascending: ``cpu12`` of a cpu directory, ``node3`` of a node one."""
+    start = len(prefix)
+    return sorted(int(name[start:]) for name in names if name.startswith(prefix) and is_kernel_number(name[start:]))

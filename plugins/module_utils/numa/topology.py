@@ -8,7 +8,9 @@ through kernel_files.py, and GPU vendors come from gpu_vendors.py's table.
 
 ``read()`` never raises for what it finds: missing, empty or garbage files
 become entries in ``warnings`` and the value is left out (null/empty). Only a
-``root`` that is not a directory is an error. The result is a plain JSON-able
+``root`` that is not a directory is an error. Under a root other than ``/`` every
+path stays inside the root (kernel_files.Root), and every number and list is
+bounded by what a kernel can print. The result is a plain JSON-able
 dict whose shape is the ``numa_facts`` contract (schema_version 1, see
 docs/facts.md).
 
@@ -18,12 +20,13 @@ functools), and ``typing`` is imported for type checkers only.
 """
 from __future__ import annotations
 
+import errno
 import os
 
-from .cpulist import format_cpulist, parse_cpulist
+from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
 from .errors import NumaError
 from .gpu_vendors import index_facts, vendor_name
-from .kernel_files import NODE_DIR, node_ids, read_status
+from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, numbered, parse_integer, parse_status
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,48 +49,44 @@ NVME_CLASS = 0x010802
 _MEMINFO_USED = frozenset(("MemTotal", "MemFree", "MemAvailable", "FilePages", "Shmem", "Cached", "Buffers"))
 # A meminfo line is "[Node N] Name: value [kB]", its name made of these.
 _MEMINFO_NAME = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_()"
+_HEX_DIGITS = "0123456789abcdefABCDEF"
 # The choice a kernel marks in brackets, as in "always [madvise] never", is made of these.
 _CHOICE_NAME = "abcdefghijklmnopqrstuvwxyz_"
 _KB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024 * 1024}
+# A SLIT entry is one byte (255: unreachable).
+_MAX_DISTANCE = 255
+# /proc/mounts lists every mount of the namespace: a container host has thousands.
+_MAX_MOUNTS_BYTES = 16 * MAX_FILE_BYTES
 
 
 class _Reader:
     """File access under a root prefix that records what could not be read."""
 
-    def __init__(self, root: str, plan_only: bool = False) -> None:
-        self.prefix = root.rstrip("/") + "/"
+    def __init__(self, tree: Root, plan_only: bool = False) -> None:
+        self.tree = tree
         self.warnings = []  # type: List[str]
         # Skip what neither placement.plan() nor numa-pin exec uses (see read()).
         self.plan_only = plan_only
-
-    def path(self, rel: str) -> str:
-        return self.prefix + rel
+        # Bounds of every CPU and node number read, once the possible ones are known.
+        self.cpu_limit = MAX_CPUS
+        self.node_limit = MAX_NODES
 
     def exists(self, rel: str) -> bool:
-        return os.path.exists(self.path(rel))
+        return self.tree.exists(rel)
 
     def listdir(self, rel: str) -> List[str]:
         try:
-            return sorted(os.listdir(self.path(rel)))
-        except OSError:
+            return sorted(self.tree.listdir(rel))
+        except OSError as exc:
+            self._unreadable(rel, exc, required=False)
             return []
 
-    def text(self, rel: str, required: bool = True) -> Optional[str]:
+    def text(self, rel: str, required: bool = True, limit: int = MAX_FILE_BYTES) -> Optional[str]:
         """File content stripped of whitespace and NULs; None when unreadable."""
-        # os.open/os.read: a thousand sysfs files on a large machine, and open()'s
-        # buffered file objects would cost more than the reads themselves.
         try:
-            fd = os.open(self.prefix + rel, os.O_RDONLY)
-            try:
-                data = chunk = os.read(fd, 65536)
-                while chunk:  # a short read is not the end of a procfs file
-                    chunk = os.read(fd, 65536)
-                    data += chunk
-            finally:
-                os.close(fd)
+            data = self.tree.read(rel, limit)
         except OSError as exc:
-            if required:
-                self.warn("%s: cannot read (%s)" % (rel, exc.strerror or exc))
+            self._unreadable(rel, exc, required)
             return None
         return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
 
@@ -95,22 +94,31 @@ class _Reader:
         raw = self.text(rel, required)
         if raw is None:
             return None
-        try:
-            return int(raw, 0) if raw[:2] in ("0x", "0X") else int(raw)
-        except ValueError:
+        number = parse_integer(raw)
+        if number is None:
             self.warn("%s: expected an integer, found %r" % (rel, raw[:40]))
-            return None
+        return number
 
-    def cpus(self, rel: str, required: bool = True) -> Optional[List[int]]:
-        """A kernel cpulist/nodelist file ("0-3,8"); None when unreadable or garbage."""
+    def cpus(self, rel: str, required: bool = True, limit: Optional[int] = None) -> Optional[List[int]]:
+        """A kernel cpulist file ("0-3,8"), or a nodelist one with ``limit`` node_limit; None when
+        unreadable or garbage."""
         raw = self.text(rel, required)
         if raw is None:
             return None
         try:
-            return parse_cpulist(raw)
-        except NumaError:
-            self.warn("%s: not a CPU/node list: %r" % (rel, raw[:40]))
+            return parse_cpulist(raw, limit or self.cpu_limit)
+        except NumaError as exc:
+            self.warn("%s: not a CPU/node list (%s)" % (rel, exc))
             return None
+
+    def nodes(self, rel: str) -> Optional[List[int]]:
+        """A kernel nodelist file (``has_memory``: "0-1,8"); None when absent, unreadable or garbage."""
+        return self.cpus(rel, required=False, limit=self.node_limit)
+
+    def _unreadable(self, rel: str, exc: OSError, required: bool) -> None:
+        # An optional file may be absent; a loop, a FIFO or a denied read is news either way.
+        if required or exc.errno != errno.ENOENT:
+            self.warn("%s: cannot read (%s)" % (rel, exc.strerror or exc))
 
     def warn(self, message: str) -> None:
         self.warnings.append(message)
@@ -123,12 +131,20 @@ def read(root: str = "/", plan_only: bool = False) -> Dict[str, Any]:
     every service: ``l3_groups``, ``caches``, each node's ``hugepages``, ``nics`` and ``nvme``
     stay empty, and ``kernel`` holds only ``weighted_interleave``.
     """
-    if not os.path.isdir(root):
+    try:
+        tree = Root(root)
+    except OSError:
         raise NumaError(
             "topology root %r is not a directory: pass the folder that holds the "
             "captured sys/ and proc/ trees (or / for this host)" % root
-        )
-    reader = _Reader(root, plan_only)
+        ) from None
+    with tree:
+        return _read_tree(root, _Reader(tree, plan_only))
+
+
+def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
+    reader.cpu_limit = _possible(reader, CPU_DIR + "/possible", MAX_CPUS)
+    reader.node_limit = _possible(reader, NODE_DIR + "/possible", MAX_NODES)
     cpus = _read_cpus(reader)
     online = set(cpus["_online"])
     system_meminfo = _parse_meminfo(reader, "proc/meminfo")
@@ -159,6 +175,12 @@ def read(root: str = "/", plan_only: bool = False) -> Dict[str, Any]:
         "kernel": _read_kernel_knobs(reader),
         "warnings": reader.warnings,
     }
+
+
+def _possible(reader: _Reader, rel: str, cap: int) -> int:
+    """One past the highest CPU or node the kernel can ever number (its ``possible`` list)."""
+    possible = reader.cpus(rel, required=False, limit=cap)
+    return possible[-1] + 1 if possible else cap
 
 
 # --- CPUs -----------------------------------------------------------------
@@ -192,11 +214,15 @@ def _read_cpus(reader: _Reader) -> Dict[str, Any]:
 
 
 def _cpu_ids(reader: _Reader) -> List[int]:
-    ids = []
-    for name in reader.listdir(CPU_DIR):
-        if name.startswith("cpu") and name[3:].isdecimal():
-            ids.append(int(name[3:]))
-    return sorted(ids)
+    return _within(reader, numbered(reader.listdir(CPU_DIR), "cpu"), reader.cpu_limit, CPU_DIR + "/cpu")
+
+
+def _within(reader: _Reader, ids: List[int], limit: int, name: str) -> List[int]:
+    """The numbered entries (``<name><N>``) the kernel could have made; a warning names the others."""
+    if ids and ids[-1] >= limit:
+        reader.warn("%s%d: past the last possible number, %d; ignored" % (name, ids[-1], limit - 1))
+        return [number for number in ids if number < limit]
+    return ids
 
 
 def _cpu_is_online(reader: _Reader, cpu: int) -> bool:
@@ -264,17 +290,17 @@ def _cache_size_kb(reader: _Reader, index_dir: str) -> Optional[int]:
     if not raw:
         return None
     digits = _leading_digits(raw)
-    if not digits:
+    number = parse_integer(digits) if digits else None
+    if number is None:
         reader.warn("%s/size: unrecognised cache size %r" % (index_dir, raw[:20]))
         return None
     unit = raw[len(digits):].lstrip()[:1]  # "32K", "1024 K" or bytes
-    number = int(digits)
     return number * _KB_PER_UNIT[unit] if unit in _KB_PER_UNIT else number // 1024
 
 
 def _leading_digits(text: str) -> str:
     end = 0
-    while end < len(text) and text[end].isdecimal():
+    while end < len(text) and text[end] in "0123456789":
         end += 1
     return text[:end]
 
@@ -319,33 +345,34 @@ def _read_allowed(reader: _Reader) -> Tuple[str, str]:
     Falls back to the cpuset the process sits in when status has no such lines
     (old kernels, and captures that kept only the cgroup tree).
     """
-    try:
-        fields = read_status(reader.prefix, "self") or {}
-    except NumaError as exc:
-        reader.warn(str(exc))
-        fields = {}
+    fields = parse_status(reader.text("proc/self/status", required=False) or "")
     cpus = fields.get("Cpus_allowed_list")
     mems = fields.get("Mems_allowed_list")
     if cpus is None or mems is None:
         fallback_cpus, fallback_mems = _cpuset_limits(reader)
         cpus = cpus if cpus is not None else fallback_cpus
         mems = mems if mems is not None else fallback_mems
-    return _normalised_list(reader, "proc/self/status", cpus), _normalised_list(reader, "proc/self/status", mems)
+    return (_normalised_list(reader, "proc/self/status", cpus, reader.cpu_limit),
+            _normalised_list(reader, "proc/self/status", mems, reader.node_limit))
 
 
-def _normalised_list(reader: _Reader, source: str, raw: Optional[str]) -> str:
+def _normalised_list(reader: _Reader, source: str, raw: Optional[str], limit: int) -> str:
     if raw is None or not raw.strip():
         return ""
     try:
-        return format_cpulist(parse_cpulist(raw.strip()))
-    except NumaError:
-        reader.warn("%s: not a CPU/node list: %r" % (source, raw.strip()[:40]))
+        return format_cpulist(parse_cpulist(raw.strip(), limit))
+    except NumaError as exc:
+        reader.warn("%s: not a CPU/node list (%s)" % (source, exc))
         return ""
 
 
 def _cpuset_limits(reader: _Reader) -> Tuple[Optional[str], Optional[str]]:
     path = reader.text("proc/self/cpuset", required=False)
     if not path:
+        return None, None
+    if not path.startswith("/") or "/../" in path + "/":
+        # The kernel prints the cgroup's absolute path, which never climbs.
+        reader.warn("proc/self/cpuset: %r is not a cgroup path; cpuset unknown" % path[:40])
         return None, None
     for mount in _cpuset_mounts(reader):
         directory = os.path.join(mount, path.lstrip("/"))
@@ -358,7 +385,7 @@ def _cpuset_limits(reader: _Reader) -> Tuple[Optional[str], Optional[str]]:
 
 def _cpuset_mounts(reader: _Reader) -> List[str]:
     mounts = []
-    for line in (reader.text("proc/mounts", required=False) or "").splitlines():
+    for line in (reader.text("proc/mounts", required=False, limit=_MAX_MOUNTS_BYTES) or "").splitlines():
         fields = line.split()
         if len(fields) < 4:
             continue
@@ -380,14 +407,19 @@ def _first_text(reader: _Reader, directory: str, names: Iterable[str]) -> Option
 
 
 def _read_nodes(reader: _Reader, online: Set[int], system_meminfo: Dict[str, int]) -> List[Dict[str, Any]]:
-    ids = node_ids(reader.prefix)
+    ids = _within(reader, numbered(reader.listdir(NODE_DIR), "node"), reader.node_limit, NODE_DIR + "/node")
     if not ids:
         return [_single_node(reader, online, system_meminfo)]
     # An empty mask file is a truncated capture, not "no node has CPUs".
-    has_cpu = reader.cpus(NODE_DIR + "/has_cpu", required=False) or None
-    has_memory = reader.cpus(NODE_DIR + "/has_memory", required=False) or None
+    has_cpu = reader.nodes(NODE_DIR + "/has_cpu") or None
+    has_memory = reader.nodes(NODE_DIR + "/has_memory") or None
     # The kernel prints one distance per online node, in node id order.
-    distance_keys = [str(node) for node in reader.cpus(NODE_DIR + "/online", required=False) or ids]
+    online_nodes = reader.nodes(NODE_DIR + "/online") or ids
+    missing = sorted(set(ids) - set(online_nodes))
+    if missing:
+        reader.warn("%s/online: leaves out node(s) %s, which have a directory; their distances are unknown"
+                    % (NODE_DIR, format_cpulist(missing)))
+    distance_keys = [str(node) for node in online_nodes]
     nodes = [_read_node(reader, node_id, online, distance_keys) for node_id in ids]
     _drop_cpus_listed_twice(reader, nodes)
     for node in nodes:
@@ -472,17 +504,18 @@ def _parse_cpumap(reader: _Reader, rel: str) -> List[int]:
     if raw is None:
         reader.warn("%s: neither cpulist nor cpumap readable; node listed without CPUs" % rel.rsplit("/", 1)[0])
         return []
-    try:
-        mask = int(raw.replace(",", ""), 16) if raw else 0
-    except ValueError:
+    words = raw.split(",")[::-1] if raw else []  # least significant first
+    if any(not 0 < len(word) <= 8 or word.strip(_HEX_DIGITS) for word in words):
         reader.warn("%s: not a hex CPU mask: %r" % (rel, raw[:40]))
         return []
-    bits = []
-    while mask:  # one step per CPU set, not per bit of a machine-wide mask
-        lowest = mask & -mask
-        bits.append(lowest.bit_length() - 1)
-        mask ^= lowest
-    return bits
+    cpus = []
+    for index, word in enumerate(words):
+        value = int(word, 16)
+        if value and 32 * index + value.bit_length() > reader.cpu_limit:
+            reader.warn("%s: sets a CPU past the last possible one, %d" % (rel, reader.cpu_limit - 1))
+            return []
+        cpus.extend(32 * index + bit for bit in range(32) if value >> bit & 1)
+    return cpus
 
 
 def _parse_meminfo(reader: _Reader, rel: str) -> Dict[str, int]:
@@ -505,12 +538,13 @@ def _meminfo_entry(line: str) -> Optional[Tuple[str, int]]:
     fields = line.split()
     if len(fields) > 2 and fields[0] == "Node" and fields[1].isdecimal():
         del fields[:2]
-    if not 2 <= len(fields) <= 3 or fields[2:] not in ([], ["kB"]) or not fields[1].isdecimal():
+    if not 2 <= len(fields) <= 3 or fields[2:] not in ([], ["kB"]):
         return None
     name = fields[0][:-1]
-    if not fields[0].endswith(":") or not name or name.strip(_MEMINFO_NAME):
+    value = parse_integer(fields[1])
+    if not fields[0].endswith(":") or not name or name.strip(_MEMINFO_NAME) or value is None or value < 0:
         return None
-    return name, int(fields[1])
+    return name, value
 
 
 def _read_distances(reader: _Reader, base: str, keys: List[str]) -> Dict[str, int]:
@@ -518,10 +552,9 @@ def _read_distances(reader: _Reader, base: str, keys: List[str]) -> Dict[str, in
     raw = reader.text(base + "/distance")
     if raw is None:
         return {}
-    try:
-        values = list(map(int, raw.split()))
-    except ValueError:
-        reader.warn("%s/distance: not a list of integers: %r" % (base, raw[:40]))
+    values = [parse_integer(word) for word in raw.split()]
+    if any(value is None or not 0 <= value <= _MAX_DISTANCE for value in values):
+        reader.warn("%s/distance: not a list of distances 0-%d: %r" % (base, _MAX_DISTANCE, raw[:40]))
         return {}
     if len(values) != len(keys):
         reader.warn("%s/distance: %d values for %d nodes; distances ignored" % (base, len(values), len(keys)))
@@ -606,6 +639,9 @@ def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
     vendor = (reader.text(base + "/vendor", required=False) or "").lower()
     local_cpus = reader.cpus(base + "/local_cpulist", required=False)
     numa_node = reader.integer(base + "/numa_node", required=False)
+    if numa_node is not None and numa_node >= reader.node_limit:
+        reader.warn("%s/numa_node: %d is past the last possible node, %d" % (base, numa_node, reader.node_limit - 1))
+        numa_node = None
     if numa_node is None or numa_node < 0:
         numa_node = _node_from_cpus(local_cpus, nodes)
     return {
@@ -667,7 +703,7 @@ def _read_interleave_weights(reader: _Reader) -> Optional[Dict[str, int]]:
     if not reader.exists(base):
         return None
     weights = {}
-    for node in node_ids(reader.prefix, base):
+    for node in _within(reader, numbered(reader.listdir(base), "node"), reader.node_limit, base + "/node"):
         weight = reader.integer("%s/node%d" % (base, node))
         if weight is not None:
             weights[str(node)] = weight
