@@ -41,7 +41,10 @@ class FilterModule:
         return {
             "systemd_exec": _filter(systemd.exec_line),
             "systemd_args": _filter(systemd.exec_args),
+            "systemd_command_args": _filter(systemd.command_args),
             "systemd_value": _filter(systemd.setting_value),
+            "systemd_account": _filter(systemd.account_name),
+            "systemd_extra_value": _filter(systemd.extra_setting_value),
             "systemd_path": _filter(systemd.path_value),
             "systemd_environment": _filter(systemd.environment_lines),
             "systemd_setting_name": _filter(systemd.setting_name),

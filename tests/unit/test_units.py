@@ -157,6 +157,7 @@ RENDER_PLAYBOOK = """\
         mode: "0644"
       vars: *template_vars
       loop: "{{ cases[:1] }}"
+      ignore_errors: true
 
     - name: Keep the outcome of every case
       ansible.builtin.copy:
@@ -208,17 +209,22 @@ def cases(helper):
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory):
-    """{case id: (unit text or None, error message)} from one ansible-playbook run."""
+    """{case id: (unit text or None, error message, path, helper)} from one ansible-playbook run."""
     work = tmp_path_factory.mktemp("units")
     helper = str(work / "numa-pin")
     with open(helper, "w") as handle:
         handle.write("#!/bin/sh\n")
     os.chmod(helper, 0o755)
-    all_cases = cases(helper)
+    return render_cases(cases(helper), work, helper)
+
+
+def render_cases(all_cases, work, helper):
+    """Render every case with one ansible-playbook run in ``work`` (a pathlib directory)."""
     out = work / "out"
     out.mkdir()
     (work / "render.yml").write_text(RENDER_PLAYBOOK)
-    (work / "vars.json").write_text(json.dumps({"cases": all_cases, "templates": TEMPLATES, "out": str(out)}))
+    (work / "vars.json").write_text(json.dumps({"cases": all_cases, "templates": TEMPLATES, "out": str(out)}),
+                                    encoding="utf-8")
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     done = subprocess.run([ansible_command("ansible-playbook"), "-i", "localhost,", str(work / "render.yml"),
                            "-e", "@" + str(work / "vars.json"), "-e", "ansible_python_interpreter=" + sys.executable],
@@ -226,17 +232,18 @@ def rendered(tmp_path_factory):
                           universal_newlines=True, check=False)
     results_file = out / "results.json"
     assert results_file.exists(), done.stdout
-    results = json.loads(results_file.read_text())
+    results = json.loads(results_file.read_text(encoding="utf-8"))
     outcome = {}
     for spec, (text, msg, failed) in zip(all_cases, results):
         path = out / spec["id"]
         if failed:
             text = None
         else:
-            path.write_text(text)
+            path.write_text(text, encoding="utf-8")
         outcome[spec["id"]] = (text, msg, str(path), helper)
-    with open(str(out / ("module-" + all_cases[0]["id"]))) as handle:
-        outcome["module"] = (handle.read(), "", "", helper)
+    module_path = out / ("module-" + all_cases[0]["id"])
+    module_text = module_path.read_text(encoding="utf-8") if module_path.exists() else None
+    outcome["module"] = (module_text, "", str(module_path), helper)
     return outcome
 
 
@@ -457,6 +464,76 @@ def test_bad_commands_are_refused(argv):
         systemd.exec_line(argv)
 
 
+def test_the_executable_path_is_written_exactly():
+    # systemd does not expand "$" in the path it executes, but does in argv[0]: "@" names both.
+    assert systemd.exec_line(["/opt/a$b/50%/x", "$y"]) == '"@/opt/a$b/50%%/x" "/opt/a$$b/50%%/x" "$$y"'
+    assert systemd.exec_line(["llama-server"]) == "llama-server"  # looked up by systemd
+    # As an argument of numa-pin exec, the server's path is a word like any other.
+    assert systemd.command_args(["/opt/a$b/x", "-t"]) == '"/opt/a$$b/x" -t'
+
+
+@pytest.mark.parametrize("executable", ["/opt/it's/x", '/a"b', "/a\\b", "/a\tb", "/a\x7fb", "/opt/bin/", "bin/x",
+                                        "..", "-/bin/x", "", "x\n"])
+@pytest.mark.parametrize("render", [systemd.exec_line, systemd.command_args])
+def test_executables_systemd_would_refuse_or_misread_are_refused(render, executable):
+    with pytest.raises(NumaError, match="executable|command"):
+        render([executable, "arg"])
+
+
+@pytest.mark.parametrize("value, written", [
+    ("100% llama", "100%% llama"), ("a \\\\", "a \\\\"), ("tab in", "tab in"), (8, "8"), ("ü", "ü")])
+def test_setting_values_read_back_as_written(value, written):
+    assert systemd.setting_value(value, "description") == written
+
+
+@pytest.mark.parametrize("value, cause", [
+    ("ends in \\", "ends with a backslash"), ("\\\\\\", "ends with a backslash"), (" x", "whitespace"),
+    ("x ", "whitespace"), ("a\tb", "control character"), ("bell\x07", "control character"),
+    ("a\nb", "newline"), ("a\rb", "carriage return"), ("a\x00", "NUL"), (True, "quote it"), (None, "quote it"),
+])
+def test_setting_values_systemd_would_misread_are_refused(value, cause):
+    with pytest.raises(NumaError, match=cause):
+        systemd.setting_value(value, "description")
+    with pytest.raises(NumaError, match=cause):
+        systemd.extra_setting_value(value, "PAMName")
+
+
+@pytest.mark.parametrize("name", ["llama", "_svc-1", "a.b", "a b", "a@b", "0", "1000", 1000, "4294967294", "x%%y"])
+def test_accounts_systemd_applies_are_written(name):
+    assert systemd.account_name(name) == str(name).replace("%", "%%")
+
+
+@pytest.mark.parametrize("name", ["", "a:b", "a/b", ".", "..", "-1", "007", "65535", "4294967295", "99999999999",
+                                  "svc\\", " svc", "a\tb"])
+def test_accounts_systemd_would_ignore_are_refused(name):
+    with pytest.raises(NumaError, match="user"):
+        systemd.account_name(name, "user")
+
+
+def test_extra_settings_keep_a_final_percent_and_refuse_others():
+    assert systemd.extra_setting_value("50%", "CPUQuota") == "50%"
+    assert systemd.extra_setting_value("infinity", "LimitMEMLOCK") == "infinity"
+    for value in ("%i", "a%%b", "100%%"):
+        with pytest.raises(NumaError, match="specifier"):
+            systemd.extra_setting_value(value, "SyslogIdentifier")
+
+
+def test_request_lists_become_what_numa_pin_takes():
+    assert systemd.request_flags({"gpus": ["0000:81:00.0", "0000:c1:00.0"], "model": ["/a b", "/c,d"]}) == [
+        "--gpus", "0000:81:00.0,0000:c1:00.0", "--model", "/a b", "--model", "/c,d"]
+    assert systemd.request_flags({"model": "/srv/m.gguf", "gpus": 2}) == ["--gpus", "2", "--model", "/srv/m.gguf"]
+
+
+@pytest.mark.parametrize("request_, cause", [
+    ({"gpus": ["0000:81:00.0,0000:c1:00.0"]}, "holding a comma"), ({"smt": "no"}, "true or false"),
+    ({"gpus": True}, "string or a number"), ({"gpus": [["x"]]}, "string or a number"),
+    ({"reserve_cpus": "-1"}, "read as a flag"), ({"model": ["--help"]}, "read as a flag"),
+])
+def test_request_values_numa_pin_would_misread_are_refused(request_, cause):
+    with pytest.raises(NumaError, match=cause):
+        systemd.request_flags(request_)
+
+
 def test_request_flags_follow_the_cli_contract():
     assert systemd.request_flags({"instances": 2, "smt": False, "reserve_cpus": "0-1", "gpus": 1, "policy": None,
                                   "port_base": 8080, "page_cache": "evict", "on_unfit": "fail"}) == [
@@ -514,7 +591,7 @@ def test_preferred_on_several_nodes_needs_the_wrapper():
 
 def test_service_names_must_make_unit_names():
     assert systemd.unit_prefix("llama-3.1_70b") == "llama-3.1_70b"
-    for bad in ("a@b", "two words", "", "x/y"):
+    for bad in ("a@b", "two words", "", "x/y", "llama:7b", ".", ".."):
         with pytest.raises(NumaError):
             systemd.unit_prefix(bad)
 

@@ -6,7 +6,8 @@ C-style unescaping and quotes (``"a b"``, ``\\\\``), and for ``ExecStart=``
 environment expansion at start (``$VAR``, ``${VAR}``). An argument that reaches
 ``ExecStart=`` verbatim can therefore change the command line (``%n``, ``$PATH``,
 ``;``), so every value written into a unit goes through the functions here.
-Newlines cannot be written at all: the unit format would end the setting there.
+Before all three, systemd reads lines: a newline, carriage return or NUL ends the
+setting there, and a line ending in an unpaired backslash swallows the next one.
 
 Also here: the ``numa-pin exec`` flags for a placement request, the ``{token}``
 substitution the wrapper does at start (done at deploy time in ``pin_mode:
@@ -21,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
-from .request import OPTIONS, check_names
+from .request import OPTIONS, Option, check_names
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
 # only of these is written bare, anything else is double-quoted.
@@ -29,12 +30,22 @@ _BARE_WORD = re.compile(r"^[A-Za-z0-9_@%+=:,./{}-]+$")
 # A leading one of these on the executable is a prefix for systemd ("-" ignores
 # failure, "+" runs with full privileges, ...), not part of the path.
 _EXEC_PREFIXES = "@-:+!|"
+# systemd refuses an executable holding one of these ("contains special characters").
+_EXEC_SPECIAL = re.compile(r"[\x00-\x1f\x7f\\\"']")
 _C_ESCAPES = {"\\": "\\\\", '"': '\\"', "\t": "\\t"}
 _FORBIDDEN = {"\n": "a newline", "\r": "a carriage return", "\x00": "a NUL byte"}
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# An odd run of backslashes ending a line joins the next line to it (systemd.syntax(7)).
+_JOINS_NEXT_LINE = re.compile(r"(?<!\\)(\\\\)*\\$")
 _SETTING_NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# systemd's unit_name_is_valid for the prefix of a template (no "@", max 255 with suffix).
-_UNIT_PREFIX = re.compile(r"^[A-Za-z0-9:_.-]{1,200}$")
+# systemd's unit_name_is_valid for the prefix of a template (no "@", max 255 with suffix), less
+# ":" and the names "." and "..": the name is also the default user and group, which systemd
+# ignores when they hold these (the service would run as root), and the StateDirectory=.
+_UNIT_PREFIX = re.compile(r"^(?!\.\.?$)[A-Za-z0-9_.-]{1,200}$")
+# A User=/Group= of ASCII digits only is an ID; uid_is_valid: (uid_t) -1 and its 16-bit form are none.
+_DECIMAL = re.compile(r"^[0-9]+$")
+_INVALID_IDS = (0xFFFFFFFF, 0xFFFF)
 
 # What a Plan means to systemd's own NUMA settings (systemd.exec(5), >= 243).
 SYSTEMD_POLICIES = {"bind": "bind", "preferred": "preferred", "interleave": "interleave"}
@@ -64,15 +75,20 @@ def escape_specifiers(text: str) -> str:
 
 
 def quote_word(arg: str, what: str = "argument") -> str:
-    """One command-line word as systemd reads it back into exactly ``arg``.
+    """One command-line argument as systemd reads it back into exactly ``arg``.
 
-    ``$`` is doubled because systemd expands ``$VAR`` in ``ExecStart=`` words,
+    ``$`` is doubled because systemd expands ``$VAR`` in ``ExecStart=`` arguments,
     ``%`` because it expands specifiers; a word with anything outside a small safe
     set is double-quoted with ``\\`` and ``"`` escaped, and control characters
     other than newlines written as ``\\xNN``.
     """
     _reject_forbidden(_expect_str(arg, what), what)
-    text = escape_specifiers(arg).replace("$", "$$")
+    return _word(arg.replace("$", "$$"))
+
+
+def _word(text: str) -> str:
+    """``text`` as one word that specifier expansion and unquoting read back as it is (``$`` as it is)."""
+    text = escape_specifiers(text)
     if _BARE_WORD.match(text):
         return text
     return '"%s"' % "".join(_escape_char(char) for char in text)
@@ -95,7 +111,35 @@ def exec_args(args: Sequence[str]) -> str:
 
 
 def exec_line(argv: Sequence[str]) -> str:
-    """A whole ``ExecStart=`` value for ``argv``; ``argv[0]`` is the executable."""
+    """A whole ``ExecStart=`` value for ``argv``; systemd executes ``argv[0]``.
+
+    systemd takes the path of the program from the first word as written, but expands
+    ``$`` in every word it passes, the first included: a path holding ``$`` is therefore
+    named with the ``@`` prefix, followed by its ``argv[0]`` written as an argument.
+    """
+    executable = _executable(argv)
+    if "$" in executable:
+        words = [_word("@" + executable), quote_word(executable)]
+    else:
+        words = [_word(executable)]
+    return " ".join(words + _argument_words(argv))
+
+
+def command_args(argv: Sequence[str]) -> str:
+    """A command handed as arguments to a program that executes it (``numa-pin exec -- argv``).
+
+    Checked as ``exec_line`` checks it, so the same command works in either pin mode.
+    """
+    return " ".join([quote_word(_executable(argv), "executable")] + _argument_words(argv))
+
+
+def _argument_words(argv: Sequence[str]) -> List[str]:
+    """The quoted arguments after the executable, as one string, or none."""
+    return [exec_args(argv[1:])] if len(argv) > 1 else []
+
+
+def _executable(argv: Sequence[str]) -> str:
+    """``argv[0]`` when systemd would execute exactly that file (systemd.service(5), "Command lines")."""
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence) or not argv:
         raise NumaError("command %r is not a non-empty list: write the command as a YAML list, "
                         "one argument per item, never as one shell string" % (argv,))
@@ -104,21 +148,69 @@ def exec_line(argv: Sequence[str]) -> str:
         raise NumaError("executable %r is empty or starts with one of %s, which systemd reads as an "
                         "ExecStart= prefix: give the path of the program (absolute is best)"
                         % (executable, _EXEC_PREFIXES))
-    words = [quote_word(executable, "executable")]
-    if len(argv) > 1:
-        words.append(exec_args(argv[1:]))
-    return " ".join(words)
+    if _EXEC_SPECIAL.search(executable):
+        raise NumaError("executable %r holds a control character, quote or backslash, which systemd refuses "
+                        "in the program's path: rename or link the program" % (executable,))
+    if executable.endswith("/") or ("/" in executable and not executable.startswith("/")) \
+            or executable in (".", ".."):
+        raise NumaError("executable %r is neither an absolute path nor a program name systemd looks up: "
+                        "give the absolute path of the program" % (executable,))
+    return executable
 
 
 def setting_value(value: Any, what: str = "value") -> str:
-    """A single-word unit setting (``User=``, ``Description=`` ...): one line, ``%`` escaped."""
+    """A one-line unit setting that expands specifiers (``Description=``, ``User=``): ``%`` escaped."""
+    return escape_specifiers(_line_value(value, what))
+
+
+def account_name(value: Any, what: str = "user") -> str:
+    """``User=``/``Group=``: a name or numeric ID systemd applies, never one it ignores.
+
+    systemd skips a name it finds invalid with a warning (systemd.exec(5), systemd.io/USER_NAMES),
+    and the service then runs as root: refuse those here instead.
+    """
+    text = _line_value(value, what)
+    if _DECIMAL.match(text):
+        if str(int(text)) != text or int(text) > 0xFFFFFFFF or int(text) in _INVALID_IDS:
+            raise NumaError("%s %r is no numeric ID systemd accepts: write the ID without leading zeros, "
+                            "below 4294967295 and not 65535, or give the name" % (what, text))
+    elif not text or text in (".", "..") or ":" in text or "/" in text \
+            or (text[0] == "-" and _DECIMAL.match(text[1:])):
+        raise NumaError("%s %r is no user or group name systemd accepts, and without one the service runs as "
+                        "root: use letters, digits, '_' and '-', starting with a letter" % (what, text))
+    return escape_specifiers(text)
+
+
+def extra_setting_value(value: Any, name: str = "value") -> str:
+    """The value of an extra unit setting, written as given.
+
+    Some settings expand specifiers and others do not (``CPUQuota=50%``), so a ``%`` has no
+    single escaped form. Only a last ``%`` reads as itself in both (a stray specifier start is
+    kept), and any other is refused.
+    """
+    text = _line_value(value, name)
+    if "%" in text[:-1]:
+        raise NumaError("%s %r has a '%%' before its end, which systemd reads as a specifier in some "
+                        "settings and as itself in others: keep '%%' to the end of the value or set this "
+                        "setting in a drop-in of your own" % (name, text))
+    return text
+
+
+def _line_value(value: Any, what: str) -> str:
+    """A value that reads back as itself from the rest of a ``Key=`` line."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise NumaError("%s %r is not a string or number" % (what, value))
+        raise NumaError("%s %r is not a string or number: quote it in YAML" % (what, value))
     text = str(value)
     _reject_forbidden(text, what)
-    if text != text.strip():
+    if _CONTROL.search(text):
+        raise NumaError("%s %r holds a control character, which no systemd setting takes as written: "
+                        "remove it" % (what, text))
+    if text != text.strip(" "):
         raise NumaError("%s %r starts or ends with whitespace, which systemd drops: remove it" % (what, text))
-    return escape_specifiers(text)
+    if _JOINS_NEXT_LINE.search(text):
+        raise NumaError("%s %r ends with a backslash, which makes systemd join the next line to this "
+                        "setting: remove it or double it" % (what, text))
+    return text
 
 
 def environment_assignment(name: Any, value: Any) -> str:
@@ -177,13 +269,37 @@ def request_flags(request: Mapping[str, Any]) -> List[str]:
     flags: List[str] = []
     for option in OPTIONS:
         value = request.get(option.name)
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            flags.append(option.flag if value else option.negative_flag)
-        else:
-            flags.extend([option.flag, str(value)])
+        if value is not None:
+            flags.extend(_option_flags(option, value))
     return flags
+
+
+def _option_flags(option: Option, value: Any) -> List[str]:
+    """A bool as its flag or ``--no-`` flag; a list as a repeated flag where the option repeats
+    (``--model``), else as one comma-separated value (``--gpus 0000:81:00.0,0000:c1:00.0``)."""
+    if option.kind == "bool":
+        if not isinstance(value, bool):
+            raise NumaError("placement option %s is %r: give true or false" % (option.name, value))
+        return [option.flag if value else option.negative_flag]
+    if not isinstance(value, (list, tuple)):
+        return [option.flag, _option_word(option, value)]
+    words = [_option_word(option, item) for item in value]
+    if option.kind == "list":
+        return [word for item in words for word in (option.flag, item)]
+    if any("," in word for word in words):
+        raise NumaError("placement option %s lists %r, an item holding a comma, which numa-pin would split: "
+                        "give one value per item" % (option.name, value))
+    return [option.flag, ",".join(words)]
+
+
+def _option_word(option: Option, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise NumaError("placement option %s has the value %r: give a string or a number" % (option.name, value))
+    word = str(value)
+    if word.startswith("-"):
+        raise NumaError("placement option %s is %r, which numa-pin would read as a flag: "
+                        "give the value without a leading '-'" % (option.name, word))
+    return word
 
 
 def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
