@@ -16,6 +16,12 @@ description:
     from where they were bound; the kernel documentation says to disable it when the workload is already NUMA-bound.
   - Writes the runtime value to C(/proc/sys/kernel/numa_balancing) and, with I(persist), one drop-in file that the
     collection owns, C(/etc/sysctl.d/60-inferops-numa.conf). It never edits any other file.
+  - Never leaves I(root). Every path under it is opened one component at a time without following symlinks, so a
+    symlinked knob or C(etc/sysctl.d) is refused, not followed; symlinks in sysctl and tuned files are followed
+    inside I(root) only. The drop-in is written to a randomly named temporary file created in the same directory,
+    synced and renamed over the old one, so it is always a regular file owned by the user the module runs as (root)
+    with mode 0644, even when a symlink or another user's file stood there. Errors name the path and what was
+    expected, never a file's content.
   - Reads every sysctl file systemd-sysctl applies at boot (C(/etc/sysctl.d), C(/run/sysctl.d),
     C(/usr/local/lib/sysctl.d), C(/usr/lib/sysctl.d), C(/lib/sysctl.d), sorted by file name; C(/etc/sysctl.conf)
     last) and fails, naming the file and line, when one applied after the drop-in sets a different value, because
@@ -60,6 +66,15 @@ options:
     type: str
     choices: [fail, warn]
     default: fail
+  force:
+    description:
+      - Replace the drop-in (or, with I(persist=false), remove it) even when it is masked, that is a symlink to
+        C(/dev/null), which sysctl.d(5) documents as the way to disable a file name.
+      - With C(false) a masked drop-in is left alone and reported in a warning and in C(dropin_masked); the runtime
+        value is still set, but it is not persisted.
+    type: bool
+    default: false
+    version_added: "0.1.0"
   verify_seconds:
     description:
       - Sample C(numa_pte_updates) and C(numa_hint_faults) in C(/proc/vmstat) twice, this many seconds apart, after
@@ -126,6 +141,12 @@ EXAMPLES = r"""
     state: tiering
   become: true
 
+- name: Persist it even where an admin masked the drop-in with a symlink to /dev/null
+  inferops.numa.numa_balancing:
+    state: disabled
+    force: true
+  become: true
+
 - name: Runtime only, give the boot value back to the host's own sysctl files
   inferops.numa.numa_balancing:
     state: enabled
@@ -152,10 +173,16 @@ after:
   type: dict
   sample: {"kernel.numa_balancing": 0, "vm.zone_reclaim_mode": 0}
 persisted_file:
-  description: The drop-in path (under I(root)), or null when I(persist=false) or unsupported.
+  description: The drop-in path (under I(root)), or null when I(persist=false), unsupported, or the drop-in is masked
+    and left alone.
   returned: always
   type: str
   sample: /etc/sysctl.d/60-inferops-numa.conf
+dropin_masked:
+  description: Whether the drop-in is masked (a symlink to C(/dev/null)) and was left alone because I(force=false).
+  returned: always
+  type: bool
+  sample: false
 conflicts:
   description:
     - Lines in other sysctl files that set a managed key to a different value.
@@ -198,9 +225,6 @@ msg:
   sample: "set kernel.numa_balancing 1 -> 0; wrote /etc/sysctl.d/60-inferops-numa.conf"
 """
 
-import os
-import tempfile
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing
@@ -212,44 +236,16 @@ ARGUMENT_SPEC = {
     "persist": {"type": "bool", "default": True},
     "zone_reclaim_mode": {"type": "int"},
     "on_conflict": {"type": "str", "default": "fail", "choices": ["fail", "warn"]},
+    "force": {"type": "bool", "default": False},
     "verify_seconds": {"type": "float"},
     "root": {"type": "path", "default": "/"},
 }
 
 
-def write_dropin(module: AnsibleModule, plan: balancing.BalancingPlan) -> None:
-    """Replace or remove the drop-in atomically; a half-written sysctl file would apply at boot."""
-    path = plan.dropin_file
-    if plan.dropin_after is None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise balancing.dropin_write_error(path, exc)
-        return
-    directory = os.path.dirname(path)
-    tmp = None
-    try:
-        try:
-            os.makedirs(directory, mode=0o755, exist_ok=True)
-            # Hidden and not *.conf: systemd-sysctl ignores it if we die before the rename.
-            handle, tmp = tempfile.mkstemp(prefix=".inferops-numa-", suffix=".tmp", dir=directory)
-            with os.fdopen(handle, "w") as out:
-                out.write(plan.dropin_after)
-        except OSError as exc:
-            raise balancing.dropin_write_error(path, exc)
-        module.atomic_move(tmp, path)
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    module.set_mode_if_different(path, "0644", False)
-
-
 def run(module: AnsibleModule) -> dict:
     params = module.params
     request = balancing.BalancingRequest(params["state"], params["value"], params["persist"],
-                                         params["zone_reclaim_mode"], params["on_conflict"])
+                                         params["zone_reclaim_mode"], params["on_conflict"], params["force"])
     plan = balancing.make_plan(params["root"], request)
     result = balancing.result(plan, module.check_mode)
     if plan.error:
@@ -257,7 +253,7 @@ def run(module: AnsibleModule) -> dict:
     if plan.changed and not module.check_mode:
         balancing.apply_runtime(plan)
         if plan.dropin_changed:
-            write_dropin(module, plan)
+            balancing.write_dropin(plan)
     warnings = list(plan.warnings)
     if params["verify_seconds"] is not None and plan.supported:
         result["vmstat_delta"], warning = balancing.verify(plan, params["verify_seconds"], module.check_mode)

@@ -1,8 +1,12 @@
 """numa_balancing logic (module_utils/numa/balancing.py) on fake roots: issue 4, every branch."""
 import errno
+import json
 import os
+import shutil
+import tempfile
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing as b
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
@@ -321,19 +325,20 @@ def test_bad_options_fail(host):
         plan(host, zone_reclaim_mode=-1)
 
 
-def test_garbage_knob_content_fails(host):
+def test_garbage_knob_content_fails_without_echoing_it(host):
     host.file("/proc/sys/kernel/numa_balancing", "banana\n")
-    with pytest.raises(NumaError, match="not an integer"):
+    with pytest.raises(NumaError, match="does not hold an integer") as failure:
         plan(host)
+    assert "banana" not in str(failure.value)
 
 
-def _raising_open(errno_value, mode_letter="w"):
-    real_open = open
+def _raising_open(errno_value, access=os.O_WRONLY):
+    real_open_under = b.open_under
 
-    def fake(path, mode="r", *args, **kwargs):
-        if "/proc/sys/" in str(path) and mode_letter in mode:
+    def fake(root, path, flags):
+        if path.startswith("/proc/sys/") and flags & os.O_ACCMODE == access:
             raise OSError(errno_value, os.strerror(errno_value), path)
-        return real_open(path, mode, *args, **kwargs)
+        return real_open_under(root, path, flags)
     return fake
 
 
@@ -342,13 +347,13 @@ def _raising_open(errno_value, mode_letter="w"):
     (errno.EINVAL, "Linux >= 5.18"), (errno.EIO, "cannot write")])
 def test_runtime_write_errors_name_the_fix(host, monkeypatch, code, words):
     result = plan(host, state="tiering")
-    monkeypatch.setattr(b, "open", _raising_open(code), raising=False)
+    monkeypatch.setattr(b, "open_under", _raising_open(code))
     with pytest.raises(NumaError, match=words.replace(".", r"\.")):
         b.apply_runtime(result)
 
 
 def test_runtime_read_permission_error_names_the_fix(host, monkeypatch):
-    monkeypatch.setattr(b, "open", _raising_open(errno.EACCES, "r"), raising=False)
+    monkeypatch.setattr(b, "open_under", _raising_open(errno.EACCES, os.O_RDONLY))
     with pytest.raises(NumaError, match="become: true"):
         plan(host)
 
@@ -498,3 +503,196 @@ def test_result_and_diff(host):
     assert file_diff["before_header"] == host.real(OURS)
     assert runtime_diff["before"] == "kernel.numa_balancing = 1\n"
     assert runtime_diff["after"] == "kernel.numa_balancing = 0\n"
+
+
+# ---------------------------------------------------------------- never leaving root (issue 14)
+
+
+SECRET = "1\n"  # a valid knob value: a followed link would be read and written without any error
+
+
+@pytest.fixture
+def outside(tmp_path):
+    """A tree beside the root, shaped like one, that nothing may read or write through a link."""
+    tree = FakeRoot(tmp_path / "outside").knobs(balancing=1, zone_reclaim=0)
+    tree.file("/etc/sysctl.d/keep.conf", "kernel.numa_balancing = 1\n")
+    return tree
+
+
+def snapshot(tree):
+    """Every file under a tree, with its content, owner and mode."""
+    found = {}
+    for directory, _dirs, names in os.walk(tree.path):
+        for name in names:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            with open(path) as handle:
+                found[path] = (handle.read(), info.st_uid, info.st_mode)
+    return found
+
+
+@pytest.fixture
+def inside(tmp_path):
+    return FakeRoot(tmp_path / "root").knobs(balancing=1, zone_reclaim=0).debian()
+
+
+@pytest.mark.parametrize("component", ["/proc", "/proc/sys", "/proc/sys/kernel", "/proc/sys/kernel/numa_balancing"])
+def test_a_symlinked_knob_or_knob_directory_is_refused_for_reads(inside, outside, component):
+    if os.path.isdir(inside.real(component)):
+        shutil.rmtree(inside.real(component))
+    else:
+        os.remove(inside.real(component))
+    inside.symlink(component, outside.real(component))
+    with pytest.raises(NumaError, match="refusing to read kernel.numa_balancing") as failure:
+        plan(inside)
+    assert "%s is a symlink" % inside.real(component) in str(failure.value)
+
+
+def test_a_knob_swapped_for_a_symlink_after_planning_is_not_written_through(inside, outside):
+    before = snapshot(outside)
+    result = plan(inside)
+    os.remove(inside.real("/proc/sys/kernel/numa_balancing"))
+    inside.symlink("/proc/sys/kernel/numa_balancing", outside.real("/proc/sys/kernel/numa_balancing"))
+    with pytest.raises(NumaError, match="refusing to write kernel.numa_balancing .* is a symlink"):
+        b.apply_runtime(result)
+    assert snapshot(outside) == before
+
+
+def test_knob_errors_never_echo_what_the_link_or_file_holds(inside, tmp_path):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$6$hash:19000:0:99999:7:::\n")
+    os.remove(inside.real("/proc/sys/kernel/numa_balancing"))
+    inside.symlink("/proc/sys/kernel/numa_balancing", str(secret))
+    with pytest.raises(NumaError) as failure:
+        plan(inside)
+    assert "$6$hash" not in str(failure.value) and "\n" not in str(failure.value)
+
+
+def test_a_fifo_as_knob_fails_at_once_instead_of_hanging(inside):
+    os.remove(inside.real("/proc/sys/kernel/numa_balancing"))
+    os.mkfifo(inside.real("/proc/sys/kernel/numa_balancing"))
+    with pytest.raises(NumaError, match="is not a regular file"):
+        plan(inside)
+
+
+def test_the_real_procfs_is_read_without_refusal():
+    if not os.path.isfile("/proc/sys/kernel/numa_balancing"):
+        pytest.skip("this kernel has no kernel.numa_balancing")
+    with open("/proc/sys/kernel/numa_balancing") as handle:
+        assert b.read_runtime("/", "kernel.numa_balancing") == int(handle.read())
+
+
+@pytest.mark.parametrize("component", ["/etc", "/etc/sysctl.d"])
+def test_a_symlinked_dropin_directory_is_refused(inside, outside, component):
+    shutil.rmtree(inside.real(component))
+    inside.symlink(component, outside.real(component))
+    with pytest.raises(NumaError, match="refusing to use .*: %s is a symlink; replace the symlink with a real "
+                                        "directory" % inside.real(component)):
+        plan(inside)
+
+
+def test_a_sysctl_file_linked_out_of_root_is_read_inside_root(inside, outside):
+    # Followed on the host, each of these links reaches a file that sets the knob to 1: a conflict.
+    # Inside the root their targets do not exist, so there is nothing to read.
+    inside.symlink("/etc/sysctl.d/90-out.conf", outside.real("/etc/sysctl.d/keep.conf"))
+    inside.symlink("/etc/sysctl.d/91-up.conf", "../../../../../../../../" + outside.real("/etc/sysctl.d/keep.conf"))
+    inside.symlink("/run/sysctl.d", outside.real("/etc/sysctl.d"))
+    result = plan(inside)
+    assert result.conflicts == [] and result.error is None
+    assert b.resolve(inside.path, "/etc/sysctl.d/90-out.conf") == outside.real("/etc/sysctl.d/keep.conf")
+
+
+def test_tuned_parse_errors_name_the_line_not_its_text(inside):
+    inside.tuned("broken", {"/etc/tuned/broken": "[main]\nsummary=x\nsecret-token-abc\n"})
+    text = " | ".join(plan(inside).warnings)
+    assert "cannot parse tuned profile" in text and "at line 3" in text and "secret-token-abc" not in text
+
+
+def test_refused_directories_writable_by_others(inside):
+    os.chmod(inside.real("/etc/sysctl.d"), 0o777)
+    with pytest.raises(NumaError, match=r"writable by others .*mode 0777.*make it owned by root"):
+        plan(inside)
+
+
+# A tree of a few names where each entry is a directory, a file or a symlink with an arbitrary
+# target (absolute or relative, with '..' and '.'): the shapes that can escape a root.
+NAMES = ("a", "b", "c")
+TARGETS = st.lists(st.sampled_from(NAMES + ("..", ".")), min_size=1, max_size=5).flatmap(
+    lambda parts: st.sampled_from(["/".join(parts), "/" + "/".join(parts)]))
+ENTRY = st.one_of(st.just("dir"), st.just("file"), TARGETS)
+TREE = st.dictionaries(st.lists(st.sampled_from(NAMES), min_size=1, max_size=3).map("/".join), ENTRY, max_size=8)
+QUERIES = st.lists(st.lists(st.sampled_from(NAMES + ("..",)), min_size=1, max_size=4).map("/".join),
+                   min_size=1, max_size=4)
+
+
+def build_tree(root, tree):
+    for rel, entry in sorted(tree.items()):
+        path = os.path.join(root, rel)
+        if os.path.lexists(path) or not os.path.isdir(os.path.dirname(path)) or os.path.islink(
+                os.path.dirname(path)):
+            continue  # entries under a file or a link are not created: the parent decides
+        if entry == "dir":
+            os.mkdir(path)
+        elif entry == "file":
+            with open(path, "w") as handle:
+                handle.write("x")
+        else:
+            os.symlink(entry, path)
+
+
+def realpaths_chrooted(root, queries):
+    """What the kernel makes of each path for a process chrooted at root (None when links loop)."""
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the forked child
+        answers = []
+        try:
+            os.chroot(root)
+            for query in queries:
+                try:
+                    os.stat("/" + query)
+                except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        answers.append(None)
+                        continue
+                answers.append(os.path.realpath("/" + query))
+        finally:
+            os.write(writer, json.dumps(answers).encode())
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as pipe:
+        answers = json.loads(pipe.read())
+    os.waitpid(child, 0)
+    return answers
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel's own answer needs chroot, which needs root")
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(tree=TREE, queries=QUERIES)
+def test_resolve_agrees_with_the_kernel_chrooted_at_root(tree, queries):
+    root = tempfile.mkdtemp(prefix="numa-resolve-")
+    try:
+        build_tree(root, tree)
+        kernel = realpaths_chrooted(root, queries)
+        for query, expected in zip(queries, kernel):
+            resolved = b.resolve(root, "/" + query)
+            if expected is None:  # a loop: the path is left as given and opening it refuses the link
+                with pytest.raises(OSError):
+                    b.read_config(root, "/" + query)
+            else:
+                assert resolved == expected, (tree, query)
+    finally:
+        shutil.rmtree(root)
+
+
+@pytest.mark.parametrize("shape,words", [
+    (lambda root: (shutil.rmtree(root.real("/etc/sysctl.d")), root.file("/etc/sysctl.d", "x\n")),
+     r"cannot read .*60-inferops-numa.conf \(Not a directory\)$"),
+    (lambda root: os.makedirs(root.real(OURS)), r"60-inferops-numa.conf is not a regular file; move it away"),
+    (lambda root: os.mkfifo(root.real(OURS)), r"60-inferops-numa.conf is not a regular file; move it away"),
+])
+def test_what_cannot_be_a_dropin_fails_in_one_line(inside, shape, words):
+    shape(inside)
+    with pytest.raises(NumaError, match=words) as failure:
+        plan(inside)
+    assert "\n" not in str(failure.value)

@@ -3,6 +3,7 @@ import errno
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 
@@ -104,22 +105,22 @@ def test_missing_knob_is_ok_and_writes_nothing(tmp_path, run):
 
 
 def test_permission_error_on_the_knob_fails_with_the_fix(host, run, monkeypatch):
-    real_open = open
+    real_open_under = balancing.open_under
 
-    def denied(path, mode="r", *args, **kwargs):
-        if str(path).endswith("numa_balancing") and "w" in mode:
+    def denied(root, path, flags):
+        if path.endswith("numa_balancing") and flags & os.O_ACCMODE == os.O_WRONLY:
             raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real_open(path, mode, *args, **kwargs)
-    monkeypatch.setattr(balancing, "open", denied, raising=False)
+        return real_open_under(root, path, flags)
+    monkeypatch.setattr(balancing, "open_under", denied)
     code, out = run({"root": host.path})
     assert code == 1 and "become: true" in out["msg"] and "Permission denied" in out["msg"]
     assert not host.exists(OURS)
 
 
 def test_permission_error_on_the_dropin_fails_with_the_fix(host, run, monkeypatch):
-    def denied(**kwargs):
+    def denied(directory, data):
         raise PermissionError(errno.EACCES, "Permission denied")
-    monkeypatch.setattr(numa_balancing.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(balancing, "create_temporary", denied)
     code, out = run({"root": host.path})
     assert code == 1 and "become: true" in out["msg"] and host.real(OURS) in out["msg"]
 
@@ -207,3 +208,144 @@ def test_adhoc_as_unprivileged_user_fails_with_become_hint():
         assert host.read("/proc/sys/kernel/numa_balancing") == "1\n" and not host.exists(OURS)
     finally:
         shutil.rmtree(scratch)
+
+
+# ---------------------------------------------------------------- the drop-in as root sees it (issue 14)
+
+
+OTHER_UID = 4242
+AS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="ownership checks need root (CI runs as root)")
+
+
+def assert_root_owned_regular_dropin(host):
+    info = os.lstat(host.real(OURS))
+    assert stat.S_ISREG(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o644
+    assert (info.st_uid, info.st_gid) == (0, 0)
+    assert host.read(OURS).startswith("# Managed by Ansible")
+
+
+@AS_ROOT
+@pytest.mark.parametrize("target_inside_root", [True, False])
+def test_a_symlinked_dropin_becomes_a_root_owned_regular_file(host, run, tmp_path, target_inside_root):
+    target = host.real("/srv/sysctl.conf") if target_inside_root else str(tmp_path / "elsewhere.conf")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(target, "w") as handle:
+        handle.write("kernel.shmmax = 1\n")
+    os.chown(target, OTHER_UID, OTHER_UID)
+    os.chmod(target, 0o666)
+    host.symlink(OURS, target)
+    code, out = run({"root": host.path}, diff=True)
+    assert code == 0 and out["changed"] is True
+    assert "replaced %s (it was a symlink to %r)" % (host.real(OURS), target) in out["msg"]
+    assert out["diff"][0]["before"] == ""  # the link's target is not shown
+    assert_root_owned_regular_dropin(host)
+    with open(target) as handle:
+        assert handle.read() == "kernel.shmmax = 1\n"
+    info = os.stat(target)
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (OTHER_UID, 0o666)
+    assert sorted(os.listdir(host.real("/etc/sysctl.d"))) == ["60-inferops-numa.conf", "99-sysctl.conf",
+                                                              "README.sysctl"]
+    assert run({"root": host.path})[1]["changed"] is False
+
+
+@AS_ROOT
+@pytest.mark.parametrize("uid,mode", [(OTHER_UID, 0o644), (0, 0o666), (0, 0o600)])
+def test_a_dropin_with_the_right_text_but_another_owner_or_mode_is_rewritten(host, run, uid, mode):
+    run({"root": host.path})
+    os.chown(host.real(OURS), uid, uid)
+    os.chmod(host.real(OURS), mode)
+    code, out = run({"root": host.path}, check=True)
+    assert code == 0 and out["changed"] is True and "would replace" in out["msg"]
+    assert os.stat(host.real(OURS)).st_uid == uid  # check mode wrote nothing
+    code, out = run({"root": host.path})
+    assert out["changed"] is True
+    assert_root_owned_regular_dropin(host)
+
+
+@pytest.mark.parametrize("mask", ["/dev/null", "../../dev/null"])
+def test_a_masked_dropin_is_left_alone_and_reported(host, run, mask):
+    host.symlink(OURS, mask)
+    code, out = run({"root": host.path}, diff=True)
+    assert code == 0 and out["dropin_masked"] is True and out["persisted_file"] is None
+    assert out["changed"] is True and host.read("/proc/sys/kernel/numa_balancing") == "0\n"  # runtime only
+    assert "%s is masked, left alone" % host.real(OURS) in out["msg"]
+    assert any("is masked" in w and "force: true" in w for w in warnings_of(out))
+    assert out["diff"][0]["before"] == out["diff"][0]["after"] == ""
+    assert os.readlink(host.real(OURS)) == mask
+    code, out = run({"root": host.path})
+    assert out["changed"] is False and os.readlink(host.real(OURS)) == mask
+
+
+def test_a_masked_dropin_still_hides_a_vendor_file_of_its_name(host, run):
+    host.symlink(OURS, "/dev/null")
+    host.file("/usr/lib/sysctl.d/60-inferops-numa.conf", "kernel.numa_balancing = 1\n")
+    code, out = run({"root": host.path})
+    assert code == 0 and out["conflicts"] == []
+
+
+def test_force_replaces_a_mask_and_persist_false_with_force_removes_it(host, run):
+    host.symlink(OURS, "/dev/null")
+    code, out = run({"root": host.path, "force": True}, check=True)
+    assert out["changed"] is True and "would replace" in out["msg"] and os.path.islink(host.real(OURS))
+    code, out = run({"root": host.path, "force": True})
+    assert code == 0 and out["changed"] is True and out["dropin_masked"] is False
+    assert "it was a mask: a symlink to /dev/null" in out["msg"]
+    assert not os.path.islink(host.real(OURS)) and "kernel.numa_balancing = 0" in host.read(OURS)
+    host.symlink("/etc/sysctl.d/other", "/dev/null")
+    os.replace(host.real("/etc/sysctl.d/other"), host.real(OURS))
+    code, out = run({"root": host.path, "persist": False})
+    assert out["changed"] is False and os.path.islink(host.real(OURS))
+    code, out = run({"root": host.path, "persist": False, "force": True})
+    assert out["changed"] is True and "removed" in out["msg"] and not host.exists(OURS)
+
+
+@pytest.mark.parametrize("component", ["/etc", "/etc/sysctl.d"])
+@pytest.mark.parametrize("check", [True, False])
+def test_a_symlinked_sysctl_d_is_refused_and_nothing_is_written(host, run, tmp_path, component, check):
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(host.real(component), str(elsewhere), symlinks=True)
+    shutil.rmtree(host.real(component))
+    host.symlink(component, str(elsewhere))
+    code, out = run({"root": host.path}, check=check)
+    assert code == 1 and out["msg"].startswith("refusing to use %s: %s is a symlink" % (host.real(OURS),
+                                                                                        host.real(component)))
+    assert "\n" not in out["msg"]
+    assert not any(name.startswith(("60-", ".inferops")) for _d, _s, names in os.walk(str(elsewhere))
+                   for name in names)
+    assert host.read("/proc/sys/kernel/numa_balancing") == "1\n"
+
+
+@AS_ROOT
+def test_a_sysctl_d_another_user_owns_is_refused(host, run):
+    os.chown(host.real("/etc/sysctl.d"), OTHER_UID, OTHER_UID)
+    code, out = run({"root": host.path})
+    assert code == 1
+    assert "%s is writable by others (owner uid %d" % (host.real("/etc/sysctl.d"), OTHER_UID) in out["msg"]
+    assert not host.exists(OURS)
+
+
+def test_the_temporary_name_is_fresh_and_never_written_through(host, monkeypatch, tmp_path):
+    directory = os.open(host.real("/etc/sysctl.d"), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        names = {balancing.create_temporary(directory, b"x") for _ in range(2)}
+        assert len(names) == 2 and all(name.startswith(".") and not name.endswith(".conf") for name in names)
+        # Even a planted guess of the name is not followed: creation fails and the link's target is unchanged.
+        monkeypatch.setattr(balancing.os, "urandom", lambda count: b"\0" * count)
+        victim = tmp_path / "victim"
+        victim.write_text("untouched\n")
+        os.symlink(str(victim), host.real("/etc/sysctl.d/.inferops-numa-0000000000000000.tmp"))
+        with pytest.raises(FileExistsError):
+            balancing.create_temporary(directory, b"x")
+        assert victim.read_text() == "untouched\n"
+    finally:
+        os.close(directory)
+
+
+def test_a_symlinked_knob_fails_in_one_line_and_changes_nothing_outside(host, run, tmp_path):
+    outside = tmp_path / "knob"
+    outside.write_text("1\n")
+    os.remove(host.real("/proc/sys/kernel/numa_balancing"))
+    host.symlink("/proc/sys/kernel/numa_balancing", str(outside))
+    code, out = run({"root": host.path})
+    assert code == 1 and "is a symlink" in out["msg"] and "\n" not in out["msg"]
+    assert outside.read_text() == "1\n" and not host.exists(OURS)

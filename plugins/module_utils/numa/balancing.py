@@ -5,12 +5,16 @@ them. On a service whose CPUs and memory are bound on purpose it only adds hinti
 faults and moves pages away from where they were bound, so the kernel documentation
 says to disable it for workloads that are already NUMA-bound.
 
-This module decides; it changes nothing except through ``apply_runtime``. It reads
-``<root>/proc/sys`` and the sysctl configuration under ``<root>`` and returns a
-``BalancingPlan``: the runtime writes, the content of the one drop-in file the
-collection owns (``/etc/sysctl.d/60-inferops-numa.conf``), the settings elsewhere
-that would undo it at boot, and what an active tuned profile does to it. The Ansible
-module writes the drop-in (atomic_move) and turns ``NumaError`` into ``fail_json``.
+This module decides, then changes things only through ``apply_runtime`` and
+``write_dropin``. It reads ``<root>/proc/sys`` and the sysctl configuration under
+``<root>`` and returns a ``BalancingPlan``: the runtime writes, the content of the one
+drop-in file the collection owns (``/etc/sysctl.d/60-inferops-numa.conf``), the
+settings elsewhere that would undo it at boot, and what an active tuned profile does
+to it. The Ansible module turns ``NumaError`` into ``fail_json``.
+
+It runs as root on whatever tree ``root`` names, so nothing under ``root`` is reached
+through a symlink it did not resolve itself (see "files under root" below), and no
+error quotes a file's content.
 
 Boot order follows systemd-sysctl (sysctl.d(5)): ``*.conf`` files from /etc/sysctl.d,
 /run/sysctl.d, /usr/local/lib/sysctl.d, /usr/lib/sysctl.d and /lib/sysctl.d; a name
@@ -26,6 +30,7 @@ import errno
 import os
 import posixpath
 import re
+import stat
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
@@ -37,7 +42,9 @@ ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
 STATE_VALUES = {"disabled": 0, "enabled": 1, "tiering": 2}
 
 DROPIN_NAME = "60-inferops-numa.conf"
-DROPIN_PATH = "/etc/sysctl.d/" + DROPIN_NAME
+DROPIN_DIR = "/etc/sysctl.d"
+DROPIN_PATH = DROPIN_DIR + "/" + DROPIN_NAME
+DROPIN_MODE = 0o644
 SYSCTL_CONF = "/etc/sysctl.conf"
 # Highest precedence first (sysctl.d(5)); /lib is a separate tree on non-merged-/usr systems.
 SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
@@ -53,7 +60,13 @@ TUNED_UNIT_OPTIONS = frozenset(("type", "enabled", "replace", "drop", "devices",
 
 VMSTAT_COUNTERS = ("numa_pte_updates", "numa_hint_faults")
 BECOME_FIX = "run the module as root (become: true)"
-_MAX_SYMLINKS = 40
+_MAX_SYMLINKS = 40  # the kernel's own limit for one path lookup
+# Far above any sysctl or tuned file; a larger file is not what its name claims, and is not read.
+MAX_CONF_BYTES = 1 << 20
+_MAX_KNOB_BYTES = 4096
+# O_NONBLOCK: a FIFO planted where a file belongs cannot make an open or a read hang.
+_NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _TRUE_WORDS = frozenset(("1", "true", "yes", "on", "y"))
 _FALSE_WORDS = frozenset(("0", "false", "no", "off", "n"))
@@ -67,6 +80,15 @@ class BalancingRequest(NamedTuple):
     persist: bool = True
     zone_reclaim_mode: Optional[int] = None
     on_conflict: str = "fail"
+    force: bool = False  # replace (or remove) a drop-in that was masked on purpose
+
+
+class Dropin(NamedTuple):
+    """What sits at the drop-in's path now."""
+
+    content: Optional[str]  # None when absent, or not a regular file this module may read
+    flaw: Optional[str]  # why it must be rewritten even when the content is right, e.g. "a symlink to '/x'"
+    masked: bool  # a symlink to /dev/null: systemd-sysctl skips the name on purpose
 
 
 class ConfFile(NamedTuple):
@@ -100,7 +122,9 @@ class BalancingPlan(NamedTuple):
     desired: Dict[str, int]  # sysctl name -> value, in drop-in order
     before: Dict[str, int]  # runtime values read now
     dropin_before: Optional[str]  # current drop-in content, None when absent
-    dropin_after: Optional[str]  # wanted drop-in content, None when it must not exist
+    dropin_after: Optional[str]  # wanted drop-in content, None when it must not exist (or stays masked)
+    dropin_flaw: Optional[str]  # Dropin.flaw of the file being replaced or removed
+    dropin_masked: bool  # masked on purpose and left alone (force is false)
     conflicts: List[Dict[str, object]]
     tuned: Optional[Dict[str, object]]
     notes: List[str]  # informational, folded into msg
@@ -121,7 +145,7 @@ class BalancingPlan(NamedTuple):
 
     @property
     def dropin_changed(self) -> bool:
-        return self.dropin_before != self.dropin_after
+        return self.dropin_before != self.dropin_after or self.dropin_flaw is not None
 
     @property
     def changed(self) -> bool:
@@ -140,8 +164,13 @@ def host_path(root: str, path: str) -> str:
     return os.path.normpath(os.path.join(root, path.lstrip("/")))
 
 
+def knob_file(key: str) -> str:
+    """Path of a sysctl's /proc/sys file on the target, e.g. /proc/sys/kernel/numa_balancing."""
+    return "/proc/sys/" + key.replace(".", "/")
+
+
 def knob_path(root: str, key: str) -> str:
-    return host_path(root, "/proc/sys/" + key.replace(".", "/"))
+    return host_path(root, knob_file(key))
 
 
 def canonical_key(key: str) -> str:
@@ -181,6 +210,186 @@ def same_value(written: str, wanted: int) -> bool:
         return int(written.split()[0]) == wanted
     except (ValueError, IndexError):
         return False
+
+
+# ---------------------------------------------------------------- files under root
+#
+# ``root`` is the one path taken on trust. Below it every component is opened relative to its
+# parent's descriptor with O_NOFOLLOW, so a symlink planted anywhere under root cannot send a
+# read or a write elsewhere, and a swap between a check and its use fails instead of escaping.
+# Where links are part of the format (sysctl.d, tuned), ``resolve`` follows them itself, inside
+# root, and the result is opened the same way.
+
+
+class RefusedFile(OSError):
+    """A path this module will not go through: a symlink, a non-regular file, an oversized file."""
+
+    def __init__(self, path: str, found: str, fix: str) -> None:
+        super().__init__("%s is %s" % (path, found))
+        self.fix = fix
+
+
+def refusal(exc: RefusedFile, action: str) -> NumaError:
+    """One line: what was refused, which path was wrong, and how to make it right."""
+    return NumaError("refusing to %s: %s; %s" % (action, exc, exc.fix))
+
+
+def _split(path: str) -> List[str]:
+    return [name for name in path.split("/") if name and name != "."]
+
+
+def _enter(parent: int, name: str, path: str) -> int:
+    """Descriptor of directory ``name`` inside ``parent``; a symlink there is refused, not followed."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except NotADirectoryError:
+        if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
+            raise RefusedFile(path, "a symlink", "replace the symlink with a real directory") from None
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
+
+
+def _make_dir(parent: int, name: str) -> None:
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:
+        pass
+
+
+def _check_only_root_writes(directory: int, path: str) -> None:
+    """Refuse a directory that a user other than root (or us) could write: they could swap our file."""
+    info = os.fstat(directory)
+    trusted = (0, os.geteuid())
+    group_writes = info.st_mode & 0o020 and info.st_gid not in (0, os.getegid())
+    if info.st_uid not in trusted or group_writes or info.st_mode & 0o002:
+        raise RefusedFile(path, "writable by others (owner uid %d, group gid %d, mode %04o)"
+                          % (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
+                          "make it owned by root and writable by root only (chmod 0755)")
+
+
+def open_dir(root: str, path: str, create: bool = False, root_only: bool = False) -> int:
+    """Descriptor of directory ``path`` (absolute on the target) under ``root``, without following links.
+
+    ``create`` makes missing directories (0755); ``root_only`` refuses a directory below root that
+    another user may write.
+    """
+    directory = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    walked = root
+    try:
+        for name in _split(path):
+            walked = os.path.join(walked, name)
+            if name == "..":
+                raise RefusedFile(walked, "outside root", "name a path inside root")
+            if create:
+                _make_dir(directory, name)
+            child = _enter(directory, name, walked)
+            os.close(directory)
+            directory = child
+            if root_only:
+                _check_only_root_writes(directory, walked)
+    except BaseException:
+        os.close(directory)
+        raise
+    return directory
+
+
+def open_under(root: str, path: str, flags: int) -> int:
+    """Descriptor of the regular file ``path`` under ``root``; no component may be a symlink."""
+    parent, name = posixpath.split(path)
+    full = host_path(root, path)
+    directory = open_dir(root, parent)
+    try:
+        handle = os.open(name, flags | _NO_FOLLOW, dir_fd=directory)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RefusedFile(full, "a symlink", "replace the symlink with a regular file") from None
+        raise OSError(exc.errno, exc.strerror, full) from None
+    finally:
+        os.close(directory)
+    if not stat.S_ISREG(os.fstat(handle).st_mode):
+        os.close(handle)
+        raise RefusedFile(full, "not a regular file", "expected a regular file there")
+    return handle
+
+
+def _read_handle(handle: int, limit: int, path: str) -> str:
+    """All of an open file, decoded; one over ``limit`` bytes is refused rather than cut."""
+    data = b""
+    while len(data) <= limit:
+        chunk = os.read(handle, limit + 1 - len(data))
+        if not chunk:
+            return data.decode("utf-8", "replace")
+        data += chunk
+    raise RefusedFile(path, "larger than %d bytes" % limit, "expected a short text file there")
+
+
+def read_under(root: str, path: str, limit: int = MAX_CONF_BYTES) -> str:
+    handle = open_under(root, path, os.O_RDONLY)
+    try:
+        return _read_handle(handle, limit, host_path(root, path))
+    finally:
+        os.close(handle)
+
+
+def lstat_under(root: str, path: str) -> Optional[os.stat_result]:
+    """The entry ``path`` under ``root`` itself (a symlink is not followed); None when unreachable."""
+    parent, name = posixpath.split(path)
+    try:
+        directory = open_dir(root, parent)
+    except OSError:
+        return None
+    try:
+        return os.stat(name, dir_fd=directory, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(directory)
+
+
+def resolve(root: str, path: str) -> str:
+    """Root-relative path that ``path`` names once its symlinks are followed inside ``root``.
+
+    Absolute link targets start again at root and '..' stops there, as for a process chrooted
+    at root, so a link never leads into the host's own files. Links that loop leave ``path``
+    as given: opening it then fails on the link.
+    """
+    pending = _split(path)[::-1]
+    resolved = []  # type: List[str]
+    hops = 0
+    while pending:
+        name = pending.pop()
+        if name == "..":
+            resolved = resolved[:-1]
+            continue
+        try:
+            target = os.readlink(os.path.join(root, *resolved, name))
+        except OSError:  # not a symlink, or not there: the name stands as it is
+            resolved.append(name)
+            continue
+        hops += 1
+        if hops > _MAX_SYMLINKS:
+            return path
+        if target.startswith("/"):
+            resolved = []
+        pending.extend(_split(target)[::-1])
+    return "/" + "/".join(resolved)
+
+
+def read_config(root: str, path: str) -> str:
+    """A configuration file under ``root``, its symlinks followed inside root (OSError when unreadable)."""
+    return read_under(root, resolve(root, path))
+
+
+def _is_kind(root: str, path: str, is_kind: Callable[[int], bool]) -> bool:
+    info = lstat_under(root, resolve(root, path))
+    return info is not None and is_kind(info.st_mode)
+
+
+def is_file(root: str, path: str) -> bool:
+    return _is_kind(root, path, stat.S_ISREG)
+
+
+def is_dir(root: str, path: str) -> bool:
+    return _is_kind(root, path, stat.S_ISDIR)
 
 
 # ---------------------------------------------------------------- sysctl.d parsing
@@ -225,33 +434,21 @@ def render_dropin(desired: Dict[str, int], state: str) -> str:
 # ---------------------------------------------------------------- boot order
 
 
-def resolve(root: str, path: str) -> str:
-    """Root-relative path that ``path`` finally points to, following symlinks inside root.
-
-    Absolute link targets are taken relative to ``root`` (as they would be on the
-    target), so a fake root never leaks into the host's files.
-    """
-    current = path
-    for _hop in range(_MAX_SYMLINKS):
-        real = host_path(root, current)
-        if not os.path.islink(real):
-            return current
-        target = os.readlink(real)
-        if not target.startswith("/"):
-            target = posixpath.join(posixpath.dirname(current), target)
-        current = posixpath.normpath(target)
-    return current
-
-
 def _listing(root: str, directory: str) -> List[str]:
     try:
-        names = os.listdir(host_path(root, directory))
+        handle = open_dir(root, resolve(root, directory))
     except OSError:
         return []
+    try:
+        names = os.listdir(handle)
+    except OSError:
+        return []
+    finally:
+        os.close(handle)
     # systemd skips hidden files and anything not named *.conf or not a file.
     return [name for name in names
             if name.endswith(".conf") and not name.startswith(".")
-            and not os.path.isdir(host_path(root, directory + "/" + name))]
+            and not is_dir(root, directory + "/" + name)]
 
 
 def boot_sequence(root: str, with_ours: bool) -> List[ConfFile]:
@@ -270,7 +467,7 @@ def boot_sequence(root: str, with_ours: bool) -> List[ConfFile]:
     if with_ours:
         by_name[DROPIN_NAME] = ConfFile(DROPIN_PATH, DROPIN_PATH)
     ordered = [by_name[name] for name in sorted(by_name) if by_name[name].target != SYSCTL_CONF]
-    if os.path.isfile(host_path(root, SYSCTL_CONF)):
+    if is_file(root, SYSCTL_CONF):
         ordered.append(ConfFile(SYSCTL_CONF, SYSCTL_CONF))
     return ordered
 
@@ -279,8 +476,7 @@ def _read_text(root: str, conf: ConfFile, warnings: List[str]) -> str:
     if conf.target == MASK_TARGET:
         return ""
     try:
-        with open(host_path(root, conf.target), encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        return read_under(root, conf.target)
     except OSError as exc:
         warnings.append("%s: cannot read (%s); its settings were not checked"
                         % (host_path(root, conf.path), exc.strerror or exc))
@@ -336,6 +532,12 @@ def _conflict_fix(root: str, setting: Setting) -> str:
             "or override it in an /etc/sysctl.d file that sorts after it" % where)
 
 
+def describe_mask(dropin: str) -> str:
+    return ("%s is masked (a symlink to %s), so systemd-sysctl skips that name at boot and this value is not "
+            "persisted; left alone on purpose: remove the mask, or set force: true to replace it (with "
+            "persist: false, to remove it)" % (dropin, MASK_TARGET))
+
+
 def _where(conflict: Dict[str, object]) -> str:
     return "%s = %s in %s (line %s)" % (conflict["key"], conflict["value"], conflict["file"], conflict["line"])
 
@@ -367,8 +569,7 @@ def _parse_bool(text: str, default: bool) -> bool:
 def _tuned_reapplies_sysctl(root: str) -> bool:
     """tuned-main.conf ``reapply_sysctl`` (default on): re-run /etc/sysctl.d after the profile."""
     try:
-        with open(host_path(root, TUNED_MAIN), encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
+        lines = read_config(root, TUNED_MAIN).splitlines()
     except OSError:
         return True
     value = True
@@ -383,7 +584,7 @@ def _find_profile(root: str, name: str, seen: List[str]) -> Optional[str]:
     for directory in TUNED_PROFILE_DIRS:
         path = "%s/%s/tuned.conf" % (directory, posixpath.basename(name))
         # A profile in /etc may include the vendor profile of the same name.
-        if path not in seen and os.path.isfile(host_path(root, path)):
+        if path not in seen and is_file(root, path):
             return path
     return None
 
@@ -392,9 +593,17 @@ def _read_profile(root: str, path: str) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(delimiters=("=",), inline_comment_prefixes=("#",),
                                        strict=False, interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
-    with open(host_path(root, path), encoding="utf-8", errors="replace") as handle:
-        parser.read_file(handle, path)
+    parser.read_string(read_config(root, path), path)
     return parser
+
+
+def _parse_failure(exc: configparser.Error) -> str:
+    """Where a profile stopped parsing; configparser's own message quotes the line, which is not ours to echo."""
+    numbers = [number for number, _text in getattr(exc, "errors", None) or ()]
+    if not numbers and getattr(exc, "lineno", None):
+        numbers = [exc.lineno]  # type: ignore[attr-defined]
+    where = " at line %s" % ", ".join(str(number) for number in numbers) if numbers else ""
+    return "expected [section] headers and key = value lines%s" % where
 
 
 def _profile_sysctls(parser: configparser.ConfigParser) -> List[Tuple[str, str]]:
@@ -426,8 +635,11 @@ def _load_tuned(root: str, names: List[str], seen: List[str], settings: Dict[str
         seen.append(path)
         try:
             parser = _read_profile(root, path)
-        except (OSError, configparser.Error) as exc:
-            warnings.append("%s: cannot parse tuned profile (%s)" % (host_path(root, path), exc))
+        except OSError as exc:
+            warnings.append("%s: cannot read tuned profile (%s)" % (host_path(root, path), exc.strerror or exc))
+            continue
+        except configparser.Error as exc:
+            warnings.append("%s: cannot parse tuned profile (%s)" % (host_path(root, path), _parse_failure(exc)))
             continue
         include = parser.get("main", "include", fallback="").strip()
         if include:
@@ -439,8 +651,7 @@ def _load_tuned(root: str, names: List[str], seen: List[str], settings: Dict[str
 def read_tuned(root: str, keys: List[str], warnings: List[str]) -> Optional[Dict[str, object]]:
     """The active tuned profile and what it sets for ``keys``; None when none is active."""
     try:
-        with open(host_path(root, TUNED_ACTIVE), encoding="utf-8", errors="replace") as handle:
-            names = handle.read().split()
+        names = read_config(root, TUNED_ACTIVE).split()
     except OSError:
         return None
     if not names:
@@ -476,21 +687,25 @@ def read_runtime(root: str, key: str) -> Optional[int]:
     """Current value of a /proc/sys knob; None when this kernel does not have it."""
     path = knob_path(root, key)
     try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            text = handle.read().strip()
+        text = read_under(root, knob_file(key), _MAX_KNOB_BYTES)
     except FileNotFoundError:
         return None
+    except RefusedFile as exc:
+        raise refusal(exc, "read %s from %s" % (key, path)) from None
     except PermissionError as exc:
-        raise NumaError("cannot read %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
+        raise NumaError("cannot read %s (%s): %s" % (path, exc.strerror, BECOME_FIX)) from None
     except OSError as exc:
-        raise NumaError("cannot read %s (%s): check that /proc is mounted" % (path, exc.strerror or exc))
+        raise NumaError("cannot read %s (%s): check that /proc is mounted" % (path, exc.strerror or exc)) from None
     try:
         return int(text.split()[0])
     except (ValueError, IndexError):
-        raise NumaError("%s holds %r, not an integer: is %s the procfs of a Linux host?" % (path, text, root))
+        raise NumaError("%s does not hold an integer (expected one such as 0 or 1): is %s the procfs of a "
+                        "Linux host?" % (path, root)) from None
 
 
 def _write_error(path: str, key: str, value: int, exc: OSError) -> NumaError:
+    if isinstance(exc, RefusedFile):
+        return refusal(exc, "write %s to %s" % (key, path))
     if exc.errno in (errno.EACCES, errno.EPERM):
         return NumaError("cannot write %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
     if exc.errno == errno.EROFS:
@@ -505,10 +720,13 @@ def _write_error(path: str, key: str, value: int, exc: OSError) -> NumaError:
 def write_runtime(root: str, key: str, value: int) -> None:
     path = knob_path(root, key)
     try:
-        with open(path, "w", encoding="ascii") as handle:
-            handle.write("%d\n" % value)
+        handle = open_under(root, knob_file(key), os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(handle, b"%d\n" % value)
+        finally:
+            os.close(handle)
     except OSError as exc:
-        raise _write_error(path, key, value, exc)
+        raise _write_error(path, key, value, exc) from None
     now = read_runtime(root, key)
     if now != value:
         raise NumaError("wrote %d to %s but the kernel reports %s: something rewrites it, see the tuned and "
@@ -516,26 +734,127 @@ def write_runtime(root: str, key: str, value: int) -> None:
 
 
 def apply_runtime(plan: BalancingPlan) -> None:
-    """Make the running kernel match the plan; the drop-in is the caller's (atomic_move)."""
+    """Make the running kernel match the plan; the drop-in is ``write_dropin``'s."""
     for key, value in plan.runtime_changes:
         write_runtime(plan.root, key, value)
 
 
+# ---------------------------------------------------------------- the drop-in
+
+
 def dropin_write_error(path: str, exc: OSError) -> NumaError:
+    if isinstance(exc, RefusedFile):
+        return refusal(exc, "write " + path)
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return NumaError("cannot write %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
     return NumaError("cannot write %s (%s)" % (path, exc.strerror or exc))
 
 
-def read_dropin(root: str) -> Optional[str]:
-    path = host_path(root, DROPIN_PATH)
+def _untrusted_because(info: os.stat_result) -> Optional[str]:
+    """Why a regular file at the drop-in's path is not one that root may apply at boot, or None."""
+    if info.st_uid != os.geteuid():
+        return "owned by uid %d" % info.st_uid
+    if stat.S_IMODE(info.st_mode) != DROPIN_MODE:
+        return "mode %04o, not %04o" % (stat.S_IMODE(info.st_mode), DROPIN_MODE)
+    return None
+
+
+def _inspect_entry(root: str, directory: int) -> Dropin:
     try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read()
+        info = os.stat(DROPIN_NAME, dir_fd=directory, follow_symlinks=False)
     except FileNotFoundError:
-        return None
+        return Dropin(None, None, False)
+    if stat.S_ISLNK(info.st_mode):
+        if resolve(root, DROPIN_PATH) == MASK_TARGET:
+            return Dropin(None, "a mask: a symlink to " + MASK_TARGET, True)
+        # Not read through: what it points to is not ours to show in a diff.
+        return Dropin(None, "a symlink to %r" % os.readlink(DROPIN_NAME, dir_fd=directory), False)
+    if not stat.S_ISREG(info.st_mode):
+        raise RefusedFile(host_path(root, DROPIN_PATH), "not a regular file", "move it away; the drop-in goes there")
+    handle = os.open(DROPIN_NAME, os.O_RDONLY | _NO_FOLLOW, dir_fd=directory)
+    try:
+        content = _read_handle(handle, MAX_CONF_BYTES, host_path(root, DROPIN_PATH))
+        return Dropin(content, _untrusted_because(os.fstat(handle)), False)
+    finally:
+        os.close(handle)
+
+
+def inspect_dropin(root: str) -> Dropin:
+    """What sits at the drop-in's path; its directories must be real ones that only root may write."""
+    path = host_path(root, DROPIN_PATH)
+    directory = None
+    try:
+        directory = open_dir(root, DROPIN_DIR, root_only=True)
+        return _inspect_entry(root, directory)
+    except FileNotFoundError:
+        return Dropin(None, None, False)
+    except RefusedFile as exc:
+        raise refusal(exc, "use " + path) from None
     except OSError as exc:
-        raise NumaError("cannot read %s (%s): %s" % (path, exc.strerror or exc, BECOME_FIX))
+        fix = ": " + BECOME_FIX if exc.errno in (errno.EACCES, errno.EPERM) else ""
+        raise NumaError("cannot read %s (%s)%s" % (path, exc.strerror or exc, fix)) from None
+    finally:
+        if directory is not None:
+            os.close(directory)
+
+
+def create_temporary(directory: int, data: bytes) -> str:
+    """A new file in ``directory`` holding ``data`` on disk, mode 0644; returns its name.
+
+    The name is random and created O_EXCL without following links, so nothing planted in the
+    directory is written through. Hidden and not *.conf: systemd-sysctl ignores it if we die
+    before the rename.
+    """
+    name = ".inferops-numa-%s.tmp" % os.urandom(8).hex()
+    handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o600, dir_fd=directory)
+    try:
+        os.fchmod(handle, DROPIN_MODE)  # explicit, whatever the umask
+        unwritten = memoryview(data)
+        while unwritten:
+            unwritten = unwritten[os.write(handle, unwritten):]
+        os.fsync(handle)
+    except BaseException:
+        os.unlink(name, dir_fd=directory)
+        raise
+    finally:
+        os.close(handle)
+    return name
+
+
+def _replace_dropin(directory: int, text: str) -> None:
+    # rename() replaces a symlink itself, never its target, and the new file keeps our owner and mode.
+    temporary = create_temporary(directory, text.encode("utf-8"))
+    try:
+        os.rename(temporary, DROPIN_NAME, src_dir_fd=directory, dst_dir_fd=directory)
+    except BaseException:
+        os.unlink(temporary, dir_fd=directory)
+        raise
+
+
+def _remove_dropin(directory: int) -> None:
+    try:
+        os.unlink(DROPIN_NAME, dir_fd=directory)
+    except FileNotFoundError:
+        pass
+
+
+def write_dropin(plan: BalancingPlan) -> None:
+    """Replace or remove the drop-in atomically; a half-written sysctl file would apply at boot."""
+    path = plan.dropin_file
+    try:
+        directory = open_dir(plan.root, DROPIN_DIR, create=plan.dropin_after is not None, root_only=True)
+    except OSError as exc:
+        raise dropin_write_error(path, exc) from None
+    try:
+        if plan.dropin_after is None:
+            _remove_dropin(directory)
+        else:
+            _replace_dropin(directory, plan.dropin_after)
+        os.fsync(directory)  # the rename itself must survive a crash, or boot finds the old file
+    except OSError as exc:
+        raise dropin_write_error(path, exc) from None
+    finally:
+        os.close(directory)
 
 
 # ---------------------------------------------------------------- /proc/vmstat
@@ -589,13 +908,13 @@ def vmstat_warning(delta: Dict[str, Optional[float]]) -> Optional[str]:
 
 
 def _unsupported(root: str, desired: Dict[str, int]) -> BalancingPlan:
-    if not os.path.isdir(host_path(root, "/proc/sys/kernel")):
+    if not is_dir(root, "/proc/sys/kernel"):
         why = "%s does not exist (is procfs mounted under root?)" % host_path(root, "/proc/sys/kernel")
     else:
         why = ("this kernel has no %s (built without CONFIG_NUMA_BALANCING, or a non-NUMA VM kernel)"
                % knob_path(root, BALANCING_KEY))
     note = "NUMA balancing is not supported: %s; nothing to disable, nothing written" % why
-    return BalancingPlan(root, False, desired, {}, None, None, [], None, [note], [], None)
+    return BalancingPlan(root, False, desired, {}, None, None, None, False, [], None, [note], [], None)
 
 
 def _read_before(root: str, desired: Dict[str, int]) -> Dict[str, int]:
@@ -610,15 +929,20 @@ def _read_before(root: str, desired: Dict[str, int]) -> Dict[str, int]:
     return before
 
 
-def _boot_review(root: str, request: BalancingRequest, desired: Dict[str, int], dropin: Optional[str],
-                 notes: List[str], warnings: List[str]) -> Tuple[List[Dict[str, object]], Optional[str]]:
-    settings, position = boot_settings(root, list(desired), dropin, warnings)
+def _boot_review(root: str, request: BalancingRequest, desired: Dict[str, int], at_boot: Optional[str],
+                 unpersisted: Optional[str], notes: List[str],
+                 warnings: List[str]) -> Tuple[List[Dict[str, object]], Optional[str]]:
+    """Conflicts with what boot applies under our name (``at_boot``; None: nothing there).
+
+    ``unpersisted`` says why our value is not persisted; conflicts then only warn.
+    """
+    settings, position = boot_settings(root, list(desired), at_boot, warnings)
     conflicts = find_conflicts(root, settings, position, desired)
     ours = host_path(root, DROPIN_PATH)
     losing = [c for c in conflicts if c["wins_at_boot"]]
     notes.extend(_describe_harmless(c, ours) for c in conflicts if not c["wins_at_boot"])
-    if not request.persist:
-        warnings.extend("persist is false: %s sets it at boot" % _where(c) for c in losing)
+    if unpersisted is not None:
+        warnings.extend("%s: %s sets it at boot" % (unpersisted, _where(c)) for c in losing)
         return conflicts, None
     if request.on_conflict == "warn":
         warnings.extend(describe_conflict(c, ours, True) for c in losing)
@@ -650,13 +974,18 @@ def make_plan(root: str, request: BalancingRequest) -> BalancingPlan:
     if read_runtime(root, BALANCING_KEY) is None:
         return _unsupported(root, desired)
     before = _read_before(root, desired)
-    dropin_after = render_dropin(desired, request.state) if request.persist else None
+    found = inspect_dropin(root)
+    keep_mask = found.masked and not request.force
+    dropin_after = render_dropin(desired, request.state) if request.persist and not keep_mask else None
     notes = []  # type: List[str]
-    warnings = []  # type: List[str]
-    conflicts, error = _boot_review(root, request, desired, dropin_after, notes, warnings)
-    tuned = _tuned_review(root, desired, request.persist, warnings)
-    return BalancingPlan(root, True, desired, before, read_dropin(root), dropin_after, conflicts, tuned,
-                         notes, warnings, error)
+    warnings = [describe_mask(host_path(root, DROPIN_PATH))] if keep_mask else []
+    unpersisted = "persist is false" if not request.persist else "the drop-in is masked" if keep_mask else None
+    # A mask left in place still hides same-named files at boot, and sets nothing itself.
+    at_boot = "" if keep_mask else dropin_after
+    conflicts, error = _boot_review(root, request, desired, at_boot, unpersisted, notes, warnings)
+    tuned = _tuned_review(root, desired, dropin_after is not None, warnings)
+    return BalancingPlan(root, True, desired, before, found.content, dropin_after, None if keep_mask else found.flaw,
+                         keep_mask, conflicts, tuned, notes, warnings, error)
 
 
 # ---------------------------------------------------------------- reporting
@@ -670,11 +999,25 @@ def summary(plan: BalancingPlan, check_mode: bool) -> str:
     if not plan.runtime_changes:
         parts.append("runtime already %s" % ", ".join("%s = %d" % item for item in plan.desired.items()))
     if plan.dropin_changed:
-        verbs = ("would write", "wrote") if plan.dropin_after is not None else ("would remove", "removed")
-        parts.append("%s %s" % (verbs[0] if check_mode else verbs[1], plan.dropin_file))
+        parts.append(_dropin_action(plan, check_mode))
+    elif plan.dropin_masked:
+        parts.append("%s is masked, left alone" % plan.dropin_file)
     elif plan.dropin_after is not None:
         parts.append("%s up to date" % plan.dropin_file)
     return "; ".join(parts + plan.notes)
+
+
+def _dropin_action(plan: BalancingPlan, check_mode: bool) -> str:
+    if plan.dropin_after is None:
+        verbs = ("would remove", "removed")
+    elif plan.dropin_flaw is not None:
+        verbs = ("would replace", "replaced")
+    else:
+        verbs = ("would write", "wrote")
+    action = "%s %s" % (verbs[0] if check_mode else verbs[1], plan.dropin_file)
+    if plan.dropin_flaw is None:
+        return action
+    return "%s (it %s %s)" % (action, "is" if check_mode else "was", plan.dropin_flaw)
 
 
 def result(plan: BalancingPlan, check_mode: bool) -> Dict[str, object]:
@@ -685,6 +1028,7 @@ def result(plan: BalancingPlan, check_mode: bool) -> Dict[str, object]:
         "before": plan.before,
         "after": plan.after if plan.supported else {},
         "persisted_file": plan.dropin_file if plan.dropin_after is not None else None,
+        "dropin_masked": plan.dropin_masked,
         "conflicts": plan.conflicts,
         "tuned": plan.tuned,
         "msg": summary(plan, check_mode),
