@@ -16,8 +16,11 @@ description:
     processes, or of every process in a systemd unit's cgroup.
   - Compares them with the placement plan (from M(inferops.numa.numa_plan) or the plan file the
     C(inferops.numa.inference_service) role writes) and fails, with the numbers, when a service with a C(bind)
-    plan has less than O(min_local_percent) of its memory on the plan's nodes, or when a thread may run on a
-    CPU outside the plan's CPUs.
+    plan has less than O(min_local_percent) of its memory on the plan's nodes (or no resident memory at all),
+    or when a thread may run on a CPU outside the plan's CPUs.
+  - Never passes with nothing audited, plan or not; a process in O(pids) that has no memory of its own (a
+    kernel thread, or a zombie that has exited) fails the audit with that reason. Such a process in a unit's
+    cgroup is left out with a warning, and a unit with no other process fails.
   - For a unit it first waits (at most O(wait_seconds)) until the unit is active and the resident memory of its
     main process stopped growing, so a model still loading is not judged half-loaded.
   - Never changes anything.
@@ -33,7 +36,8 @@ options:
     type: str
   pids:
     description:
-      - Process IDs to audit. Mutually exclusive with O(unit).
+      - Process IDs to audit, each from 1 to 4194304 (the kernel's highest PID) and given once. Mutually
+        exclusive with O(unit).
     type: list
     elements: int
   units:
@@ -65,7 +69,8 @@ options:
     description:
       - The plan to compare with, as returned by M(inferops.numa.numa_plan) (keys C(policy), C(mem_nodes), and
         C(cpus) or C(cpulist)).
-      - Without O(plan) and O(plan_file) the module only reports; nothing can fail.
+      - Without O(plan) and O(plan_file) the module only reports; it fails only when a process has no memory
+        to audit.
     type: dict
   plan_file:
     description:
@@ -74,7 +79,8 @@ options:
     type: path
   min_local_percent:
     description:
-      - Lowest acceptable share of resident memory on the plan's C(mem_nodes), in percent, for a C(bind) plan.
+      - Lowest acceptable share of resident memory on the plan's C(mem_nodes), in percent (0 to 100), for a
+        C(bind) plan.
       - Reported but not enforced for C(preferred) and interleave plans.
     type: float
     default: 99
@@ -88,12 +94,14 @@ options:
     default: all
   wait_seconds:
     description:
-      - With O(unit), how long to wait for the unit to be active and its memory to settle. V(0) looks once.
+      - With O(unit), how long to wait for the unit to be active and its memory to settle. V(0) looks once;
+        at most V(86400) (a day).
     type: int
     default: 60
   settle_seconds:
     description:
-      - With O(unit), how long the main process's resident memory must stay within 1% before the audit reads it.
+      - With O(unit), how long the main process's resident memory must stay within 1% before the audit reads it;
+        0 to V(86400).
     type: float
     default: 3
   root:
@@ -156,7 +164,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 ok:
-  description: Whether the audit passed (always true without a plan).
+  description: Whether the audit passed (without a plan, false only when a process had no memory to audit).
   returned: always
   type: bool
   sample: true
@@ -214,6 +222,9 @@ processes:
     resident_bytes:
       description: Resident bytes seen in numa_maps.
       type: int
+    without_memory:
+      description: Why the process has no memory of its own to audit (a kernel thread, a zombie), or null.
+      type: str
     local_percent:
       description: Share of the selected pages on the plan's memory nodes (with a plan).
       type: float
@@ -326,8 +337,12 @@ def _audit_units(module: AnsibleModule):
             reports[entry["unit"]] = {"unit": entry["unit"], "ok": False, "msg": str(exc), "warnings": []}
             continue
         audits.append(UnitAudit(entry["unit"], plan, entry["min_local_percent"], entry["pages"]))
-    for report in audit_units(params["root"], audits, params["wait_seconds"], params["settle_seconds"],
-                              run=_run(module)):
+    try:
+        audited = audit_units(params["root"], audits, params["wait_seconds"], params["settle_seconds"],
+                              run=_run(module))
+    except NumaError as exc:
+        module.fail_json(msg=str(exc))
+    for report in audited:
         reports[report["unit"]] = report
     ordered = [reports[entry["unit"]] for entry in params["units"]]
     for report in ordered:

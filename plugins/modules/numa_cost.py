@@ -33,6 +33,7 @@ options:
     description:
       - Time budget for the whole measurement. Pairs that no longer fit are reported in RV(unmeasured), and a child
         still running at the deadline is killed.
+      - Above 0 and at most V(86400) (a day).
     type: float
     default: 120
   buffer_mb:
@@ -40,36 +41,39 @@ options:
       - Size of the chase and copy buffer in MiB, allocated on each memory node in turn.
       - Default four times the largest cache, at least 64 MiB. A node with less free memory than this (plus 32 MiB)
         is not measured.
+      - At most V(1048576) (1 TiB).
     type: int
   small_kb:
     description:
       - Size in KiB of the buffer whose chase measures the interpreter's per-step cost. Default half the L1 data
-        cache.
+        cache. At most V(1048576).
     type: int
   chase_steps:
     description:
       - Pointer-chase steps per buffer, pair and round, timed in stretches of 5000; the fastest stretch counts.
+      - From 1 to V(1000000000).
     type: int
     default: 1000000
   repeats:
     description:
-      - Copies per pair and round; the fastest counts.
+      - Copies per pair and round; the fastest counts. From 1 to V(1000).
     type: int
     default: 5
   rounds:
     description:
       - How many times every pair is measured, round-robin; each pair keeps its quietest round (lowest raw chase
-        time) and its best copy rate.
+        time) and its best copy rate. From 1 to V(1000).
     type: int
     default: 2
   window_seconds:
     description:
-      - How long to sample the allocation counters (and run C(perf)) for RV(remote_ratio).
+      - How long to sample the allocation counters (and run C(perf)) for RV(remote_ratio); above 0 and at most
+        V(3600).
     type: float
     default: 1.0
   pids:
     description:
-      - PIDs of a service whose pages and remote loads to report. Mutually exclusive with O(unit).
+      - PIDs of a service whose pages and remote loads to report, each given once. Mutually exclusive with O(unit).
     type: list
     elements: int
   unit:

@@ -22,15 +22,18 @@ extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
 options:
   node:
-    description: Node id to anchor on; omit (or C(auto)) to let the planner choose.
+    description: Node id to anchor on (0 to 1023); omit (or C(auto)) to let the planner choose.
     type: str
   gpus:
     description:
-      - C(auto) (instance i gets the i-th GPU in PCI order), C(none), a count, or a list of PCI addresses.
+      - C(auto) (instance i gets the i-th GPU in PCI order), C(none), a count (0 to 1024), or a list of PCI addresses,
+        each given once (C(0000:81:00.0) or C(81:00.0)); an empty entry is an error.
     type: raw
     default: auto
   model_size:
-    description: Model size in bytes, a size such as C(14G), or the path of the model (file or directory) on the target.
+    description:
+      - Model size in bytes, a size such as C(14G), or the path of the model (file or directory) on the target.
+      - With O(memory_headroom) it must stay below 16 EiB; a number has at most 40 digits.
     type: str
   model:
     description: Model files or directories the server maps; they size the request when O(model_size) is absent.
@@ -54,11 +57,13 @@ options:
     choices: [node, socket]
     default: node
   instances:
-    description: How many instances of this service run on the host.
+    description:
+      - How many instances of this service run on the host, from 1 to 8192; never more than the host's usable CPUs
+        (online, allowed by the cpuset, not reserved).
     type: int
     default: 1
   instance:
-    description: Which instance to plan, 0-based.
+    description: Which instance to plan, 0-based (below O(instances)).
     type: int
     default: 0
   policy:
@@ -72,12 +77,13 @@ options:
     choices: [interleave, fail]
     default: interleave
   port_base:
-    description: Instance i gets port O(port_base) + i.
+    description: Instance i gets port O(port_base) + i; the last instance's port must be at most 65535.
     type: int
   anchors:
     description:
       - The node of each instance in instance order, such as C(0,1), as a deployment planned them all from one
         snapshot. Keeps the spread stable when instances already run; memory fit is still checked.
+      - One node per instance, each a node of the host.
     type: str
   root:
     description: Plan for the machine whose C(sys/) and C(proc/) are under this directory.

@@ -1,12 +1,17 @@
 """numa_audit: numa_maps parsing, fake /proc trees, unit lookup and waiting, the module, and this process."""
 
 import json
+import math
 import os
+import subprocess
+import time
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import audit
+from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_audit
 
@@ -251,6 +256,168 @@ def test_plan_with_cpu_list_or_cpus():
         audit.expectation("bind:1")
 
 
+# --- nothing to audit never passes ------------------------------------------------------------------
+
+def write_memoryless(root, pid, state="S", flags=0x208040, name="kworker/0:1", rss=False):
+    """A process as procfs shows one without memory: no VmRSS, empty maps; stat with state and flags."""
+    base = os.path.join(str(root), "proc", str(pid))
+    os.makedirs(os.path.join(base, "task", str(pid)), exist_ok=True)
+    status = "Name:\t%s\nPid:\t%d\n%sCpus_allowed_list:\t2-3\nMems_allowed_list:\t0-1\n" % (
+        name, pid, "VmRSS:\t  0 kB\n" if rss else "")
+    stat = "%d (%s) %s %s\n" % (pid, name, state, " ".join(["0"] * 5 + [str(flags)] + ["0"] * 43))
+    for folder in (base, os.path.join(base, "task", str(pid))):
+        for file_name, text in (("status", status), ("stat", stat)):
+            with open(os.path.join(folder, file_name), "w") as handle:
+                handle.write(text)
+    for file_name in ("numa_maps", "maps"):
+        with open(os.path.join(base, file_name), "w") as handle:
+            handle.write("")
+
+
+@pytest.mark.parametrize("plan", [None, BIND1], ids=["without a plan", "bind plan"])
+@pytest.mark.parametrize("state, flags, rss, reason", [
+    ("S", 0x208040, False, "PID 77 (kworker/0:1) is a kernel thread (PF_KTHREAD in /proc/77/stat)"),
+    ("Z", 0x400000, False, "PID 77 (kworker/0:1) is a zombie (state Z in /proc/77/stat)"),
+    ("X", 0x400000, False, "is a zombie (state X"),
+    ("S", 0x400000, False, "PID 77 (kworker/0:1) has no memory map (no VmRSS in /proc/77/status)"),
+])
+def test_a_process_without_memory_fails_the_audit_naming_why(tmp_path, plan, state, flags, rss, reason):
+    write_memoryless(tmp_path, 77, state, flags, rss=rss)
+    report = audit.audit_pids(str(tmp_path), [77], plan, page_size=PAGE)
+    assert report["ok"] is False
+    assert reason in report["msg"] and reason in report["processes"][0]["without_memory"]
+    assert report["resident_bytes"] == 0
+
+
+def test_a_live_process_has_memory_of_its_own(tmp_path):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    assert audit.audit_pids(str(tmp_path), [4242], None, page_size=PAGE)["processes"][0]["without_memory"] is None
+
+
+def test_a_bind_plan_with_nothing_resident_fails(tmp_path):
+    write_process(tmp_path, 4242, "7f00 bind:1\n", [(4242, "2-3", 2)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, page_size=PAGE)
+    assert report["ok"] is False and report["local_percent"] is None
+    assert "no anon + file memory is resident: nothing to hold to the bind plan" in report["msg"]
+
+
+def test_a_page_selection_with_nothing_in_it_fails_a_bind_plan(tmp_path):
+    write_process(tmp_path, 4242, "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n", [(4242, "2-3", 2)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, pages="file", page_size=PAGE)
+    assert report["ok"] is False and "no file memory is resident" in report["msg"]
+    assert audit.audit_pids(str(tmp_path), [4242], BIND1, pages="anon", page_size=PAGE)["ok"] is True
+
+
+def test_an_unreaped_child_in_a_unit_is_left_out_with_a_warning(tmp_path):
+    write_cgroup(tmp_path, {"": [4242, 4300]})
+    write_process(tmp_path, 4242, "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n", [(4242, "2-3", 2)])
+    write_memoryless(tmp_path, 4300, "Z", name="worker")
+    clock = FakeClock()
+    report = audit.audit_unit(str(tmp_path), "llama@1.service", BIND1, run=FakeSystemd(props()), page_size=PAGE,
+                              settle_seconds=0, clock=clock, sleep=clock.sleep)
+    assert report["ok"] is True and [p["pid"] for p in report["processes"]] == [4242]
+    assert report["warnings"] == ["llama@1.service: left out of the audit: PID 4300 (worker) is a zombie (state Z "
+                                  "in /proc/4300/stat): it has exited and its memory is freed; audit a running "
+                                  "process of the service"]
+
+
+def test_a_unit_with_only_a_zombie_fails(tmp_path):
+    write_cgroup(tmp_path, {"": [4300]})
+    write_memoryless(tmp_path, 4300, "Z", name="llama-server")
+    clock = FakeClock()
+    with pytest.raises(NumaError, match="unit llama@1.service has no running process to audit"):
+        audit.audit_unit(str(tmp_path), "llama@1.service", BIND1, run=FakeSystemd(props(pid=4300)), page_size=PAGE,
+                         clock=clock, sleep=clock.sleep)
+
+
+def test_a_real_kernel_thread_fails_the_audit():
+    try:
+        with open("/proc/2/stat") as handle:
+            flags = int(handle.read().rpartition(")")[2].split()[6])
+    except (OSError, ValueError, IndexError):
+        flags = 0
+    if not flags & audit.PF_KTHREAD:
+        pytest.skip("PID 2 is not a kernel thread here (a PID namespace)")
+    report = audit.audit_pids("/", [2], {"policy": "bind", "mem_nodes": [0], "cpus": [0]})
+    assert report["ok"] is False and "is a kernel thread (PF_KTHREAD in /proc/2/stat)" in report["msg"]
+
+
+def test_a_real_zombie_fails_the_audit():
+    child = subprocess.Popen(["true"])
+    try:
+        deadline = time.monotonic() + 10
+        while _proc_state(child.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        report = audit.audit_pids("/", [child.pid], None)
+    finally:
+        child.wait()
+    assert report["ok"] is False and "is a zombie (state Z" in report["msg"]
+
+
+def _proc_state(pid):
+    with open("/proc/%d/stat" % pid) as handle:
+        return handle.read().rpartition(")")[2].split()[0]
+
+
+# --- every number is range-checked ------------------------------------------------------------------
+
+@pytest.mark.parametrize("threshold", [float("nan"), float("inf"), -0.5, 100.5, 200, "99", True, None],
+                         ids=repr)
+def test_min_local_percent_must_be_a_finite_percentage(tmp_path, threshold):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    with pytest.raises(NumaError, match="min_local_percent .* is not a percentage from 0 to 100"):
+        audit.audit_pids(str(tmp_path), [4242], BIND1, min_local_percent=threshold, page_size=PAGE)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.one_of(st.floats(), st.integers()))
+def test_a_threshold_is_taken_exactly_when_it_is_a_finite_percentage(threshold):
+    valid = not math.isnan(threshold) and 0 <= threshold <= 100
+    try:
+        audit.check_judging(threshold, "all")
+    except NumaError as error:
+        assert not valid and "\n" not in str(error)
+        return
+    assert valid
+
+
+@pytest.mark.parametrize("name, seconds", [
+    ("wait_seconds", float("nan")), ("wait_seconds", float("inf")), ("wait_seconds", -1),
+    ("wait_seconds", 86401), ("wait_seconds", 10 ** 400), ("settle_seconds", float("nan")), ("settle_seconds", -3),
+], ids=repr)
+def test_a_wait_that_could_never_end_is_refused_before_any_look(tmp_path, name, seconds):
+    clock = FakeClock()
+    systemd = FakeSystemd(props())
+    with pytest.raises(NumaError, match="%s .* is not a number of seconds from 0 to 86400" % name):
+        audit.audit_unit(str(tmp_path), "llama@1.service", BIND1, run=systemd, clock=clock, sleep=clock.sleep,
+                         **{name: seconds})
+    assert systemd.calls == [] and clock.now == 0
+
+
+@pytest.mark.parametrize("pids, message", [
+    ([0], "PID 0 is not a process ID (1 to 4194304)"),
+    ([-4242], "PID -4242 is not a process ID"),
+    ([4194305], "PID 4194305 is not a process ID"),
+    ([10 ** 5000], "PID (a 16610-bit number) is not a process ID"),
+    (["4242"], "PID '4242' is not a process ID"),
+    ([True], "PID True is not a process ID"),
+    ([4242, 4242], "PID 4242 is given twice: list each process once"),
+], ids=["zero", "negative", "past PID_MAX_LIMIT", "huge", "text", "bool", "twice"])
+def test_pids_must_be_process_ids_given_once(tmp_path, pids, message):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    with pytest.raises(NumaError) as error:
+        audit.audit_pids(str(tmp_path), pids, BIND1, page_size=PAGE)
+    assert message in str(error.value)
+
+
+def test_numa_pin_audit_refuses_nonsense_numbers_in_one_line(capsys):
+    for argv in (["audit", "--pid", "1", "--min-local-percent", "nan"], ["audit", "--pid", "0"],
+                 ["audit", "--unit", "x.service", "--wait-seconds", "inf"]):
+        assert cli.main(argv) == cli.EXIT_BAD_REQUEST
+        err = capsys.readouterr().err
+        assert err.startswith("numa-pin: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
 # --- a systemd unit --------------------------------------------------------------------------------
 
 class FakeSystemd:
@@ -488,6 +655,20 @@ def test_module_refuses_a_unit_listed_twice(capsys, monkeypatch):
     monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units({"a@0.service": True}, seen))
     result = run_module({"units": [{"unit": "a@0.service"}, {"unit": "a@0.service", "pages": "anon"}]}, capsys)
     assert result["failed"] is True and "a@0.service more than once" in result["msg"] and seen == []
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"pids": [4242], "min_local_percent": 200}, "min_local_percent 200.0 is not a percentage"),
+    ({"pids": [4242], "min_local_percent": "nan"}, "min_local_percent nan is not a percentage"),
+    ({"pids": [0]}, "PID 0 is not a process ID"),
+    ({"unit": "a@0.service", "wait_seconds": -1}, "wait_seconds -1 is not a number of seconds"),
+    ({"units": [{"unit": "a@0.service", "min_local_percent": "inf"}]}, "min_local_percent inf is not a percentage"),
+    ({"units": [{"unit": "a@0.service"}], "settle_seconds": "nan"}, "settle_seconds nan is not a number"),
+], ids=["percent 200", "percent nan", "pid 0", "negative wait", "units percent inf", "units settle nan"])
+def test_module_fails_nonsense_numbers_with_one_message(tmp_path, capsys, args, message):
+    write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
+    result = run_module(dict(args, root=str(tmp_path)), capsys)
+    assert result["failed"] is True and message in result["msg"]
 
 
 def test_module_refuses_units_beside_one_plan(capsys):

@@ -238,3 +238,59 @@ def test_explain_reports_page_cache_trouble_beside_the_plan(tmp_path, monkeypatc
     explained = json.loads(capsys.readouterr().out)
     assert explained["page_cache"] == {"error": "cannot see the page cache of %s" % model, "action": "evict"}
     assert explained["mem_nodes"] == [0]
+
+
+# --- hostile requests: one line, at once -------------------------------------------------------------------
+
+HOSTILE_REQUESTS = {
+    "a hundred million instances": (["--instances", "100000000"], "instances must be at most 8192, got 100000000"),
+    "4000-digit instances": (["--instances", "9" * 4000], "instances must be at most 8192, got (a 13288-bit number)"),
+    "commas for gpus": (["--gpus", ",,,"], "gpus entry 1 of 4 is empty"),
+    "a GPU twice": (["--gpus", "81:00.0,81:00.0"], "gpus names GPU 0000:81:00.0 twice"),
+    "replicate without a model": (["--page-cache", "replicate"], "page_cache replicate copies the model files"),
+    "ports past 65535": (["--port-base", "65535", "--instances", "2"], "pick a port_base of at most 65534"),
+    "a model of 5000 digits": (["--model-size", "9" * 5000], "has more than 40 digits"),
+    "too few anchors": (["--instances", "2", "--anchors", "0"], "name 1 node(s) for 2 instance(s)"),
+    "an anchor the host lacks": (["--instances", "2", "--anchors", "0,7"], "anchors name node(s) 7, which this host"),
+}
+
+
+@pytest.mark.parametrize("args, message", list(HOSTILE_REQUESTS.values()), ids=list(HOSTILE_REQUESTS))
+def test_explain_refuses_a_hostile_request_in_one_line(tmp_path, capsys, args, message):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    assert cli.main(["explain", "--root", root] + args) == cli.EXIT_BAD_REQUEST
+    err = capsys.readouterr().err
+    assert err.startswith("numa-pin: ") and err.count("\n") == 1 and message in err
+
+
+@pytest.mark.parametrize("args, message", [HOSTILE_REQUESTS[name] for name in (
+    "a hundred million instances", "commas for gpus", "replicate without a model")])
+def test_exec_refuses_a_hostile_request_before_starting_anything(tmp_path, args, message):
+    marker = tmp_path / "ran"
+    result = numa_pin("exec", *args, "--", "touch", str(marker))
+    assert result.returncode == cli.EXIT_BAD_REQUEST and not marker.exists()
+    assert result.stderr.startswith("numa-pin: ") and result.stderr.count("\n") == 1 and message in result.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["explain", "--instances", "9" * 5000],
+    ["explain", "--instances", "0x10"],
+    ["exec", "--instances", "two", "--", "true"],
+    ["exec", "--gpus"],
+    ["exec", "--page-cache", "copy", "--", "true"],
+    ["audit", "--pid", "x"],
+    ["audit", "--pid", "1", "--min-local-percent", "lots"],
+    ["cost", "--rounds", "1.5"],
+], ids=["5000 digits", "hex", "word", "no value", "bad choice", "pid word", "percent word", "fraction"])
+def test_argparse_refusals_are_usage_and_one_error_line(capsys, argv):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == cli.EXIT_BAD_REQUEST
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith("usage: numa-pin")
+    assert err.splitlines()[-1].startswith("numa-pin") and ": error: " in err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("word", ["9" * 5000, "1e3", "0x10", "-"])
+def test_quick_parser_leaves_what_int_refuses_to_argparse(word):
+    assert cli._quick_parse(["exec", "--instances", word], ["true"]) is None

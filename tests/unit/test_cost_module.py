@@ -1,10 +1,14 @@
 """The numa_cost module: options reach the engine, results come back, nothing is ever changed."""
 
 import json
+import re
 
 import pytest
 from ansible.module_utils.testing import patch_module_args
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_cost
 
@@ -75,3 +79,53 @@ def test_bad_option_value_fails_naming_it(run_module):
 def test_pids_and_unit_are_mutually_exclusive(run_module):
     code, out = run_module({"pids": [1], "unit": "x.service"}, recording_run([]))
     assert code == 1 and "mutually exclusive" in out["msg"]
+
+
+# --- every numeric option is range-checked before anything is measured ------------------------------------
+
+@pytest.mark.parametrize("option, value, message", [
+    ("max_seconds", float("nan"), "max_seconds=nan is not a number of seconds above 0 and at most 86400"),
+    ("max_seconds", float("inf"), "max_seconds=inf is not a number of seconds"),
+    ("max_seconds", 86401.0, "max_seconds=86401.0 is not a number of seconds"),
+    ("rounds", 10 ** 18, "rounds=1000000000000000000 is not a whole number from 1 to 1000"),
+    ("repeats", -1, "repeats=-1 is not a whole number from 1 to 1000"),
+    ("chase_steps", 10 ** 10, "chase_steps=10000000000 is not a whole number from 1 to 1000000000"),
+    ("buffer_mb", 0, "buffer_mb=0 is not a whole number from 1 to 1048576: give one like 64 or leave it unset"),
+    ("small_kb", 1 << 30, "small_kb=1073741824 is not a whole number from 1 to 1048576"),
+], ids=lambda value: str(value)[:20])
+def test_module_refuses_each_numeric_option_out_of_range(run_module, option, value, message):
+    calls = []
+    code, out = run_module({option: value}, recording_run(calls))
+    assert code == 1 and message in out["msg"] and calls == []
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.sampled_from(["chase_steps", "repeats", "rounds", "buffer_mb", "small_kb"]),
+       st.one_of(st.integers(), st.floats(), st.booleans()))
+def test_a_count_option_is_a_whole_number_within_its_bound(name, value):
+    valid = type(value) is int and 0 < value <= cost.MAX_OPTIONS[name]
+    try:
+        cost.CostOptions(**{name: value})
+    except NumaError as error:
+        assert not valid and name in str(error) and "\n" not in str(error)
+        return
+    assert valid
+
+
+@pytest.mark.parametrize("window, pids, message", [
+    (float("nan"), None, "window_seconds=nan is not a number of seconds"),
+    (0, None, "window_seconds=0 is not a number of seconds"),
+    (7200, None, "window_seconds=7200 is not a number of seconds above 0 and at most 3600"),
+    (1.0, [0], "PID 0 is not a process ID"),
+    (1.0, [12, 12], "PID 12 is given twice"),
+])
+def test_window_and_pids_are_checked_before_the_host_is_read(monkeypatch, window, pids, message):
+    monkeypatch.setattr(cost.topology, "read", lambda root: pytest.fail("read the host before checking"))
+    with pytest.raises(NumaError, match=re.escape(message)):
+        cost.run(cost.CostOptions(), window, pids)
+
+
+def test_numa_pin_cost_refuses_a_bad_option_in_one_line(capsys):
+    assert cli.main(["cost", "--rounds", "0"]) == cli.EXIT_BAD_REQUEST
+    err = capsys.readouterr().err
+    assert err == "numa-pin: cost option rounds=0 is not a whole number from 1 to 1000: give one like 2\n"

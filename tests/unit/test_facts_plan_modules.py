@@ -45,3 +45,21 @@ def test_numa_plan_impossible_request_fails_with_sizes(tmp_path, run):
     root = sysfs.dual_socket_gpus().write(str(tmp_path))
     code, out = run(numa_plan, {"root": root, "model_size": "3T", "on_unfit": "fail"})
     assert code == 1 and "TiB" in out["msg"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"instances": 100000000}, "instances must be at most 8192, got 100000000"),
+    ({"instances": 161}, "instances=161 but this host has 160 usable CPU(s)"),
+    ({"instances": 2, "reserve_cpus": "1-159"}, "instances=2 but this host has 1 usable CPU(s)"),
+    ({"gpus": ",,,"}, "gpus entry 1 of 4 is empty"),
+    ({"gpus": ["81:00.0", "0000:81:00.0"]}, "gpus names GPU 0000:81:00.0 twice"),
+    ({"model_size": "9" * 5000}, "has more than 40 digits"),
+    ({"memory_headroom": "nan"}, "term 'nan' is neither a percentage nor a size"),
+    ({"port_base": 65536}, "port_base must be at most 65535"),
+    ({"instances": 2, "anchors": "0,9"}, "anchors name node(s) 9, which this host does not have"),
+], ids=["hundred million", "past usable cpus", "past unreserved cpus", "commas", "gpu twice", "5000 digits",
+        "headroom nan", "port", "anchor"])
+def test_numa_plan_refuses_what_numa_pin_refuses_with_the_same_message(tmp_path, run, args, message):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path))
+    code, out = run(numa_plan, dict(args, root=root, instance=0))
+    assert code == 1 and out["failed"] and message in out["msg"] and "\n" not in out["msg"]

@@ -3,6 +3,8 @@ import json
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.unit import topo_factory as tf
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
@@ -45,7 +47,7 @@ def test_from_options_treats_none_as_default_and_coerces_cli_strings():
 
 @pytest.mark.parametrize("gpus, expected", [
     ("auto", "auto"), ("NONE", "none"), (2, 2), ("3", 3), (0, "none"), ([], "none"),
-    (["0000:81:00.0", "81:00.0"], ["0000:81:00.0"]),
+    (["0000:c1:00.0", "81:00.0"], ["0000:c1:00.0", "0000:81:00.0"]),
 ])
 def test_gpus_option_is_normalised(gpus, expected):
     assert Request(gpus=gpus).gpus == expected
@@ -64,7 +66,7 @@ def test_gpus_option_is_normalised(gpus, expected):
     ({"node": True}, "node must be an integer"),
     ({"node": 1.0}, "node must be an integer"),
     ({"node": -1}, "node must be 0 or more"),
-    ({"gpus": -1}, "gpus count -1 is negative"),
+    ({"gpus": -1}, "gpus count must be 0 or more, got -1"),
     ({"gpus": ["gpu0"]}, "'gpu0' is not a PCI address"),
     ({"gpus": {"a": 1}}, "gpus must be 'auto', 'none', a count or a list of PCI addresses"),
     ({"smt": "yes"}, "smt must be true or false"),
@@ -80,6 +82,86 @@ def test_from_options_rejects_bad_values_with_clear_messages(options, message):
     with pytest.raises(NumaError) as error:
         Request.from_options(options)
     assert message in str(error.value)
+
+
+# Each (options, message): a hostile or mistaken value and the one line that names it.
+BOUND_CASES = {
+    "instances past any kernel's cpus": ({"instances": 100000000}, "instances must be at most 8192, got 100000000"),
+    "instances of 5000 digits": ({"instances": "9" * 5000}, "instances must be at most 8192, got '99999"),
+    "instances of -5000 digits": ({"instances": "-" + "9" * 5000}, "instances must be 1 or more, got '-9999"),
+    "huge int instance": ({"instance": 10 ** 5000}, "instance must be at most 8191, got (a 16610-bit number)"),
+    "node past MAX_NUMNODES": ({"node": "1024"}, "node must be at most 1023, got '1024'"),
+    "port_base past 65535": ({"port_base": 65536}, "port_base must be at most 65535, got 65536"),
+    "port range past 65535": ({"port_base": 65000, "instances": 600}, "pick a port_base of at most 64936"),
+    "commas only": ({"gpus": ",,,"}, "gpus entry 1 of 4 is empty"),
+    "empty gpus": ({"gpus": ""}, "gpus entry 1 of 1 is empty"),
+    "empty middle entry": ({"gpus": "81:00.0,,c1:00.0"}, "gpus entry 2 of 3 is empty"),
+    "empty list entry": ({"gpus": ["81:00.0", " "]}, "gpus entry 2 of 2 is empty"),
+    "GPU twice": ({"gpus": "81:00.0,0000:81:00.0"}, "gpus names GPU 0000:81:00.0 twice"),
+    "function past 7": ({"gpus": "0000:81:00.8"}, "'0000:81:00.8' is not a PCI address"),
+    "bus of three digits": ({"gpus": "0000:811:00.0"}, "is not a PCI address"),
+    "superscript digit": ({"gpus": "\u00b2"}, "is not a PCI address"),
+    "GPU count past any host": ({"gpus": 1025}, "gpus count must be at most 1024"),
+    "GPU count of 5000 digits": ({"gpus": "7" * 5000}, "gpus count must be at most 1024, got '77777"),
+    "model of 5000 digits": ({"model_size": "9" * 5000}, "model_size: number '99999"),
+    "model past 16 EiB": ({"model_size": "20000P"}, "model_size: size '20000P' is 16 EiB or more"),
+    "model plus headroom past 16 EiB": ({"model_size": "15000P", "memory_headroom": "10%"},
+                                        "model_size 15360000 TiB plus memory_headroom '10%' needs 16 EiB or more"),
+    "headroom percent of 50 digits": ({"memory_headroom": "1" * 50 + "%"}, "has more than 40 digits"),
+    "headroom nan": ({"memory_headroom": "nan"}, "term 'nan' is neither a percentage nor a size"),
+    "headroom float": ({"memory_headroom": float("nan")}, "memory_headroom nan is not a size"),
+    "reserved cpu past NR_CPUS": ({"reserve_cpus": "0,8192"}, "reserve_cpus: cannot read cpu list '0,8192'"),
+    "reserved cpu id past NR_CPUS": ({"reserve_cpus": [0, 8192]}, "reserve_cpus must be at most 8191"),
+    "anchor past MAX_NUMNODES": ({"anchors": "1024"}, "anchors entry must be at most 1023"),
+    "anchors longer than instances": ({"anchors": "0,1"}, "anchors '0,1' name 2 node(s) for 1 instance(s)"),
+    "anchors list of a million": ({"anchors": [0] * 10 ** 6}, "name 1000000 node(s) for 1 instance(s)"),
+}
+
+
+@pytest.mark.parametrize("options, message", list(BOUND_CASES.values()), ids=list(BOUND_CASES))
+def test_every_bound_is_one_line_naming_the_value(options, message):
+    with pytest.raises(NumaError) as error:
+        Request.from_options(options)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 300
+
+
+BOUNDED_INTS = {"instances": (1, 8192), "instance": (0, 0), "node": (0, 1023), "port_base": (1, 65535),
+                "gpus": (0, 1024)}
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.sampled_from(sorted(BOUNDED_INTS)), st.one_of(st.integers(), st.integers(-2, 70000)), st.booleans())
+def test_an_integer_option_is_taken_exactly_in_its_range_and_refused_outside(name, number, as_text):
+    low, high = BOUNDED_INTS[name]
+    try:
+        request = Request.from_options({name: str(number) if as_text else number})
+    except NumaError as error:
+        assert not low <= number <= high
+        assert name in str(error) and "\n" not in str(error)
+        return
+    assert low <= number <= high
+    assert getattr(request, name) == (number or "none" if name == "gpus" else number)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.text(alphabet="0123456789abcdefABCDEF:., ", max_size=40))
+def test_gpu_text_is_a_count_a_list_of_distinct_addresses_or_one_error(text):
+    try:
+        selection = Request(gpus=text).gpus
+    except NumaError as error:
+        assert str(error).startswith("gpus") and "\n" not in str(error)
+        return
+    if isinstance(selection, list):
+        assert len(set(selection)) == len(selection) == len(text.split(","))
+    else:
+        assert selection == "none" or 0 < selection <= 1024
+
+
+def test_the_absolute_instance_cap_is_checked_before_any_planning():
+    # 8192 instances on a 4-CPU box: refused by the host's count, not by simulating 8192 placements.
+    with pytest.raises(PlacementError, match="instances=8192 but this host has 4 usable CPU"):
+        place(tf.one_node_vm(), instances=8192, instance=8191)
 
 
 @pytest.mark.parametrize("text, percent, fixed", [
@@ -463,9 +545,18 @@ def test_smt_off_uses_the_other_sibling_when_the_lowest_is_reserved():
 
 
 def test_instances_sharing_a_small_node_share_all_its_cpus():
-    result = place(tf.one_node_vm(), instances=6, instance=5)
-    assert result.cpus == [0, 1, 2, 3]
-    assert "node 0 has 4 usable core(s) for instances 0-5: they share all of them" in reasons(result)
+    topology = tf.make_topology([tf.make_node(0, range(2)), tf.make_node(1, range(2, 4))])
+    result = place(topology, instances=3, instance=2, anchors="0,0,0")
+    assert result.cpus == [0, 1]
+    assert "node 0 has 2 usable core(s) for instances 0-2: they share all of them" in reasons(result)
+
+
+def test_more_instances_than_usable_cpus_fail_before_planning():
+    with pytest.raises(PlacementError, match=r"instances=5 but this host has 4 usable CPU\(s\)"):
+        place(tf.one_node_vm(), instances=5)
+    with pytest.raises(PlacementError, match=r"instances=3 but this host has 2 usable CPU\(s\)"):
+        place(tf.one_node_vm(), instances=3, reserve_cpus="0-1")
+    assert place(tf.one_node_vm(), instances=4, instance=3).cpus == [3]
 
 
 def test_instances_on_one_node_split_its_cores():
@@ -542,6 +633,8 @@ def test_bad_anchors_are_clear_errors(options, message):
         Request(**options)
 
 
-def test_an_anchor_that_is_not_usable_fails_like_an_explicit_node():
-    with pytest.raises(PlacementError, match="node 5 does not exist"):
-        place(tf.dual_socket_gpu(), instances=2, anchors="0,5", instance=1)
+def test_an_anchor_on_a_node_the_host_lacks_fails_whichever_instance_it_names():
+    for instance in (0, 1):
+        with pytest.raises(PlacementError, match=r"anchors name node\(s\) 5, which this host does not have "
+                                                 r"\(node\(s\) 0-1\)"):
+            place(tf.dual_socket_gpu(), instances=2, anchors="0,5", instance=instance)

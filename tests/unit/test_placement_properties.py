@@ -64,7 +64,7 @@ def requests(draw, topology, **fixed):
     options = {
         "node": draw(st.one_of(st.none(), st.none(), st.none(), st.sampled_from(ids + [max(ids) + 1]))),
         "gpus": draw(st.one_of(st.sampled_from(["auto", "none", 1, 2]),
-                               st.lists(st.sampled_from(addresses), min_size=1, max_size=2) if addresses
+                               st.lists(st.sampled_from(addresses), min_size=1, max_size=2, unique=True) if addresses
                                else st.just("auto"))),
         "model_size": draw(st.one_of(st.none(), st.integers(0, free_bytes(topology, ids)))),
         "memory_headroom": draw(st.sampled_from(["0", "10%+1G", "2G", "25%"])),

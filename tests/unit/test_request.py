@@ -148,6 +148,21 @@ def test_build_request_measures_the_model_when_no_size_is_given(tmp_path):
     assert request.build_request({"node": "auto"}).node is None
 
 
+@pytest.mark.parametrize("model", [None, [], ""], ids=["unset", "empty list", "empty path"])
+def test_replicate_without_a_model_is_refused_on_every_path(model):
+    asked = {"page_cache": "replicate", "model": model}
+    for path in (request.module_args, request.build_request):  # the role's numa_plan_args, numa-pin and numa_plan
+        with pytest.raises(NumaError, match="page_cache replicate copies the model files .* no model is given: set "
+                                            "model"):
+            path(asked)
+
+
+def test_replicate_with_a_model_and_other_page_cache_actions_without_one_pass():
+    assert request.module_args({"page_cache": "replicate", "model": "/srv/m.gguf"})["model"] == ["/srv/m.gguf"]
+    for action in ("evict", "warn", "ignore", None):
+        assert request.build_request({"page_cache": action}).model_size is None
+
+
 # --- what is written for people --------------------------------------------------------------------------
 
 def test_numa_plan_documentation_is_its_argument_spec():

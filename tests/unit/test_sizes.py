@@ -2,9 +2,12 @@
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.sizes import format_size, parse_size, size_of_path
+from ansible_collections.inferops.numa.plugins.module_utils.numa.sizes import (MAX_BYTES, format_size, parse_size,
+                                                                               shown, size_of_path)
 
 GIB = 1024 ** 3
 
@@ -93,3 +96,60 @@ def test_size_of_missing_path_names_it(tmp_path):
     with pytest.raises(NumaError) as error:
         size_of_path(missing)
     assert missing in str(error.value)
+
+
+# --- bounds: 16 EiB, digits, and messages that stay short ---------------------------------
+
+SIZE_PROPERTY = settings(max_examples=300, deadline=None, derandomize=True)
+
+
+@pytest.mark.parametrize("value, message", [
+    (1 << 64, "16 EiB or more"),
+    ("16384P", "16 EiB or more"),
+    ("18446744073709551616", "16 EiB or more"),
+    ("9" * 5000, "has more than 40 digits"),
+    ("0." + "0" * 5000 + "1G", "has more than 40 digits"),
+    (10 ** 5000, "(a 16610-bit number) is 16 EiB or more"),
+    (-(10 ** 5000), "(a 16610-bit number) is negative"),
+    (float("nan"), "size nan is not a number of bytes"),
+    (float("inf"), "size inf is not a number of bytes"),
+], ids=["2**64", "16384P", "2**64 digits", "5000 digits", "5000 decimals", "10**5000", "-10**5000", "nan", "inf"])
+def test_sizes_past_a_64_bit_machine_or_unreadably_long_are_refused(value, message):
+    with pytest.raises(NumaError) as error:
+        parse_size(value)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value) and len(str(error.value)) < 200
+
+
+def test_largest_sizes_below_16_eib_are_read_exactly():
+    assert parse_size("16383P") == 16383 * 1024 ** 5
+    assert parse_size((1 << 64) - 1) == (1 << 64) - 1
+    assert parse_size("0" * 100 + "1G") == GIB  # leading zeros carry no magnitude
+
+
+@SIZE_PROPERTY
+@given(st.text(alphabet="0123456789.kmgtpibKMGTPIB -+eE%", max_size=60))
+def test_any_size_text_is_bytes_below_16_eib_or_a_one_line_error(text):
+    try:
+        size = parse_size(text)
+    except NumaError as error:
+        assert "\n" not in str(error) and len(str(error)) < 250
+        return
+    assert 0 <= size < MAX_BYTES
+
+
+@SIZE_PROPERTY
+@given(st.integers())
+def test_any_int_is_itself_or_refused_by_range(number):
+    if 0 <= number < MAX_BYTES:
+        assert parse_size(number) == number
+    else:
+        with pytest.raises(NumaError, match="negative|16 EiB"):
+            parse_size(number)
+
+
+def test_shown_cuts_long_values_and_names_huge_ints():
+    assert shown("14G") == "'14G'"
+    assert shown("x" * 1000) == "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...(1002 characters)"
+    assert shown(1 << 100) == "(a 101-bit number)"
+    assert shown(True) == "True"

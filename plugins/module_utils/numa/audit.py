@@ -33,9 +33,14 @@ The local share is the bytes on the plan's ``mem_nodes`` over the resident
 (``min_local_percent``) for ``bind`` plans; for ``preferred`` and interleave
 plans it is reported, with the spread across the interleave set. A thread
 allowed or last seen on a CPU outside the plan's CPUs always fails the audit.
+
+An audit never passes with nothing audited: a PID that has no memory of its own
+(a kernel thread, a zombie) fails it with that reason, and so does a ``bind``
+plan with no resident pages to judge.
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -45,7 +50,7 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, O
 from .cpulist import format_cpulist, parse_cpulist
 from .errors import NumaError
 from .kernel_files import parse_maps, proc_text, read_status
-from .sizes import format_size
+from .sizes import format_size, shown
 
 KINDS = ("anon", "file", "code")
 PAGE_SELECTIONS = ("all", "anon", "file")
@@ -56,6 +61,15 @@ CGROUP_ROOTS = ("sys/fs/cgroup", "sys/fs/cgroup/systemd", "sys/fs/cgroup/unified
 # RSS counts as settled when two samples one poll apart differ by at most this share.
 RSS_SETTLED_SHARE = 0.01
 POLL_SECONDS = 1.0
+# Longest wait (and settle period) an audit accepts: a day covers the slowest model load, and
+# a bounded number keeps the polling loop finite.
+MAX_WAIT_SECONDS = 86400
+# PID_MAX_LIMIT of a 64-bit kernel: kernel.pid_max can be set no higher.
+MAX_PID = 1 << 22
+# proc(5): the flags field of /proc/<pid>/stat; PF_KTHREAD from include/linux/sched.h.
+PF_KTHREAD = 0x00200000
+# proc(5) states of a process that has exited: zombie, dead. Its memory is already freed.
+EXITED_STATES = ("Z", "X")
 
 _NODE_COUNT = re.compile(r"^N(\d+)=(\d+)$")
 _COUNTER = re.compile(r"^([A-Za-z_]+)=(\d+)$")
@@ -166,17 +180,79 @@ def policy_bytes(lines: Sequence[MapsLine]) -> Dict[str, int]:
     return totals
 
 
-def last_cpu(stat_text: str) -> Optional[int]:
-    """Field 39 (``processor``) of ``/proc/<pid>/task/<tid>/stat``; the name may hold spaces and ')'."""
+def _stat_fields(stat_text: str) -> List[str]:
+    """The fields of a ``stat`` file from field 3 (state) on; the name before them may hold spaces and ')'."""
     dummy, sep, rest = stat_text.rpartition(")")
-    fields = rest.split()
-    # rest starts at field 3 (state); processor is field 39.
-    if not sep or len(fields) < 37:
-        return None
-    try:
-        return int(fields[36])
-    except ValueError:
-        return None
+    return rest.split() if sep else []
+
+
+def _stat_number(fields: List[str], field: int) -> Optional[int]:
+    """Field number ``field`` (1-based, as proc(5) counts) of _stat_fields' list; None unless a 64-bit number."""
+    index = field - 3
+    text = fields[index] if 0 <= index < len(fields) else ""
+    return int(text) if text.isdecimal() and len(text) <= 20 else None
+
+
+def last_cpu(stat_text: str) -> Optional[int]:
+    """Field 39 (``processor``) of ``/proc/<pid>/task/<tid>/stat``."""
+    return _stat_number(_stat_fields(stat_text), 39)
+
+
+def without_memory(pid: int, status: Mapping[str, str], stat_text: str) -> Optional[str]:
+    """Why a process has no memory of its own to audit, or None when it has.
+
+    A zombie has exited (state Z or X); a kernel thread has no mm (PF_KTHREAD in the flags, field 9);
+    either way status shows no ``VmRSS``, the one sign left when stat cannot be read.
+    """
+    fields = _stat_fields(stat_text)
+    name = status.get("Name", "")
+    flags = _stat_number(fields, 9)
+    if fields and fields[0] in EXITED_STATES:
+        return ("PID %d (%s) is a zombie (state %s in /proc/%d/stat): it has exited and its memory is freed; "
+                "audit a running process of the service" % (pid, name, fields[0], pid))
+    if flags is not None and flags & PF_KTHREAD:
+        return ("PID %d (%s) is a kernel thread (PF_KTHREAD in /proc/%d/stat): it has no memory of its own; "
+                "give the PID of the service's process" % (pid, name, pid))
+    if "VmRSS" not in status:
+        return ("PID %d (%s) has no memory map (no VmRSS in /proc/%d/status): it is a kernel thread or has "
+                "exited; give the PID of the service's running process" % (pid, name, pid))
+    return None
+
+
+def check_pids(pids: Sequence[Any]) -> List[int]:
+    """The PIDs, each a process ID (1 to MAX_PID) given once: a PID listed twice would count its memory twice."""
+    seen = set()  # type: Set[int]
+    for pid in pids:
+        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
+            raise NumaError("PID %s is not a process ID (1 to %d): give the PID of a running process"
+                            % (shown(pid), MAX_PID))
+        if pid in seen:
+            raise NumaError("PID %d is given twice: list each process once" % pid)
+        seen.add(pid)
+    return list(pids)
+
+
+def check_judging(min_local_percent: Any, pages: Any) -> None:
+    """Refuse a threshold no share can be compared with (NaN compares false: a bind plan would always pass)."""
+    if not _finite_number(min_local_percent) or not 0 <= min_local_percent <= 100:
+        raise NumaError("min_local_percent %s is not a percentage from 0 to 100: give one like 99"
+                        % shown(min_local_percent))
+    if pages not in PAGE_SELECTIONS:
+        raise NumaError("pages must be one of %s, not %s" % (", ".join(PAGE_SELECTIONS), shown(pages)))
+
+
+def check_seconds(name: str, value: Any) -> None:
+    """A wait the polling loop can finish: NaN or infinity would never reach its deadline."""
+    if not _finite_number(value) or not 0 <= value <= MAX_WAIT_SECONDS:
+        raise NumaError("%s %s is not a number of seconds from 0 to %d: give one like 60"
+                        % (name, shown(value), MAX_WAIT_SECONDS))
+
+
+def _finite_number(value: Any) -> bool:
+    # An int is finite however large; math.isfinite() would overflow converting it to float.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
 
 
 def load_plan(path: str) -> Dict[str, Any]:
@@ -272,8 +348,9 @@ def _nodes_out(nodes: Mapping[int, Mapping[str, int]], page_size: int) -> Dict[s
 
 
 def read_process(root: str, pid: int, page_size: int) -> Optional[Dict[str, Any]]:
-    """Threads and per-node memory of one process; None when it is gone."""
+    """Threads and per-node memory of one process, and why it has none (``without_memory``); None when it is gone."""
     status = read_status(root, pid)
+    stat_text = proc_text(root, pid, "stat")
     numa_maps_text = proc_text(root, pid, "numa_maps")
     maps_text = proc_text(root, pid, "maps")
     if status is None or numa_maps_text is None or maps_text is None:
@@ -285,7 +362,8 @@ def read_process(root: str, pid: int, page_size: int) -> Optional[Dict[str, Any]
             "mems_allowed": status.get("Mems_allowed_list", ""),
             "threads": threads,
             "policies": policy_bytes(lines),
-            "node_bytes": node_bytes(lines)}
+            "node_bytes": node_bytes(lines),
+            "without_memory": without_memory(pid, status, stat_text or "")}
 
 
 def _merge(into: Dict[int, Dict[str, int]], nodes: Mapping[int, Mapping[str, int]]) -> None:
@@ -302,7 +380,7 @@ def _process_out(raw: Dict[str, Any], expect: Optional[Expectation], page_size: 
               "mems_allowed": raw["mems_allowed"], "thread_count": len(raw["threads"]),
               "threads_outside": outside, "policies": raw["policies"],
               "nodes": _nodes_out(nodes, page_size),
-              "resident_bytes": _resident(nodes)}
+              "resident_bytes": _resident(nodes), "without_memory": raw["without_memory"]}
     if expect is not None:
         shares = local_shares(nodes, expect.mem_nodes)
         result.update(local_percent=shares["all"], anon_local_percent=shares["anon"],
@@ -324,8 +402,7 @@ def _interleave_spread(nodes: Mapping[int, Mapping[str, int]], expect: Expectati
 def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_local_percent: float,
           pages: str, page_size: int) -> Dict[str, Any]:
     """Totals, shares and the verdict for raw process readings (see read_process)."""
-    if pages not in PAGE_SELECTIONS:
-        raise NumaError("pages must be one of %s, not %r" % (", ".join(PAGE_SELECTIONS), pages))
+    check_judging(min_local_percent, pages)
     totals = {}  # type: Dict[int, Dict[str, int]]
     for raw in processes:
         _merge(totals, raw["node_bytes"])
@@ -339,7 +416,7 @@ def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_lo
               "local_percent": None, "remote_percent": None,
               "anon_local_percent": None, "file_local_percent": None, "code_local_percent": None,
               "interleave_percent": None}
-    problems = []  # type: List[str]
+    problems = [raw["without_memory"] for raw in processes if raw["without_memory"]]
     if expect is not None:
         shares = local_shares(totals, expect.mem_nodes)
         local = shares[pages]
@@ -357,7 +434,12 @@ def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_lo
 
 def _memory_problems(totals: Mapping[int, Mapping[str, int]], expect: Expectation, min_local_percent: float,
                      pages: str, local: Optional[float]) -> List[str]:
-    if expect.policy not in ENFORCED_POLICIES or local is None or local >= min_local_percent:
+    if expect.policy not in ENFORCED_POLICIES:
+        return []
+    if local is None:
+        return ["no %s memory is resident: nothing to hold to the bind plan; check that these are the "
+                "service's processes, or audit pages=all" % ("anon + file" if pages == "all" else pages)]
+    if local >= min_local_percent:
         return []
     remote = dict((node, entry) for node, entry in totals.items()
                   if node not in expect.mem_nodes and _selected(entry, pages))
@@ -405,8 +487,8 @@ def audit_pids(root: str, pids: Sequence[int], plan: Optional[Mapping[str, Any]]
     """Audit explicit PIDs; a PID that does not exist is an error."""
     size = page_size or os.sysconf("SC_PAGE_SIZE")
     processes = []
-    for pid in pids:
-        raw = read_process(root, int(pid), size)
+    for pid in check_pids(pids):
+        raw = read_process(root, pid, size)
         if raw is None:
             raise NumaError("no process %s under %s: give the PID of a running process" % (pid, os.path.join(root, "proc")))
         processes.append(raw)
@@ -539,6 +621,8 @@ def wait_for_units(units: Sequence[str], root: str, run: CommandRunner, wait_sec
     never active: at the deadline). An RSS still growing at the deadline is only a warning: the audit
     then sees a service still loading.
     """
+    check_seconds("wait_seconds", wait_seconds)
+    check_seconds("settle_seconds", settle_seconds)
     deadline = clock() + wait_seconds
     waiting = dict((unit, _UnitWait(unit, settle_seconds)) for unit in units)
     outcomes = {}  # type: Dict[str, WaitOutcome]
@@ -582,8 +666,11 @@ def _audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[
         raw = read_process(root, pid, size)
         if raw is None:
             warnings.append("PID %d of %s exited while being audited" % (pid, unit))
-            continue
-        processes.append(raw)
+        elif raw["without_memory"]:
+            # A child the service has not reaped yet: nothing of it to judge, nor a fault of the service.
+            warnings.append("%s: left out of the audit: %s" % (unit, raw["without_memory"]))
+        else:
+            processes.append(raw)
     if not processes:
         raise NumaError("unit %s has no running process to audit (MainPID=%s): see `journalctl -u %s`"
                         % (unit, props.get("MainPID"), unit))
@@ -600,6 +687,7 @@ def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, m
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
     """Audit every process of a systemd unit, after waiting for it to be up."""
+    check_judging(min_local_percent, pages)
     props, warnings = wait_for_unit(unit, root, run or run_command, wait_seconds, settle_seconds, clock, sleep)
     return _audit_props(root, unit, props, warnings, plan, min_local_percent, pages, page_size)
 
@@ -617,6 +705,8 @@ def audit_units(root: str, audits: Sequence[UnitAudit], wait_seconds: float = 0,
                 clock: Callable[[], float] = time.monotonic,
                 sleep: Callable[[float], None] = time.sleep) -> List[Dict[str, Any]]:
     """audit_unit for several units, waited for together; a unit that fails is a failed report."""
+    for entry in audits:
+        check_judging(entry.min_local_percent, entry.pages)
     outcomes = wait_for_units([entry.unit for entry in audits], root, run or run_command, wait_seconds,
                               settle_seconds, clock, sleep)
     reports = []

@@ -202,11 +202,13 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     audit.add_argument("--pid", type=int, action="append", default=[], help="a process to audit (repeatable)")
     audit.add_argument("--unit", help="a systemd unit: audits every process of its cgroup")
     audit.add_argument("--plan-json", help="the plan file the service was started with (expected nodes and CPUs)")
-    audit.add_argument("--min-local-percent", type=float, default=99.0)
+    audit.add_argument("--min-local-percent", type=float, default=99.0,
+                       help="lowest local share a bind plan passes with, 0 to 100 (default: %(default)s)")
     audit.add_argument("--pages", choices=("all", "anon", "file"), default="all",
                        help="which memory the local share counts (program images never count)")
     audit.add_argument("--wait-seconds", type=float, default=0.0,
-                       help="wait this long for the unit to be active and its memory to settle")
+                       help="wait this long (at most a day, 86400) for the unit to be active and its memory "
+                            "to settle")
     audit.set_defaults(run=run_audit)
 
     cost = commands.add_parser("cost", help="measure remote vs local memory latency and bandwidth per node pair")

@@ -29,6 +29,7 @@ Every pair that is not measured carries a reason instead of a number.
 """
 import array
 import json
+import math
 import mmap
 import os
 import platform
@@ -38,10 +39,10 @@ import signal
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import kernel, numastat, topology
+from . import audit, kernel, numastat, topology
 from .cpulist import parse_cpulist
 from .errors import NumaError
-from .sizes import format_size
+from .sizes import format_size, shown
 
 LINE_BYTES = 64
 SLOTS_PER_LINE = LINE_BYTES // 8  # "Q" slots: one chase slot per cache line
@@ -71,6 +72,10 @@ DEFAULT_REPEATS = 5
 DEFAULT_MAX_SECONDS = 120.0
 # A child that finished its work gets this long to exit before it is killed.
 EXIT_GRACE_SECONDS = 2.0
+# The largest value each option takes: far past any useful measurement, and small enough that no
+# loop or allocation scales with a hostile number (rounds x pairs is a loop; the buffers are memory).
+MAX_OPTIONS = {"buffer_mb": 1 << 20, "small_kb": 1 << 20, "chase_steps": 10 ** 9, "repeats": 1000,
+               "rounds": 1000, "max_seconds": 86400, "window_seconds": 3600}
 PR_SET_PDEATHSIG = 1
 
 Pair = Tuple[int, int]
@@ -87,26 +92,34 @@ class CostOptions:
     def __init__(self, buffer_mb: Optional[int] = None, small_kb: Optional[int] = None,
                  chase_steps: int = DEFAULT_CHASE_STEPS, repeats: int = DEFAULT_REPEATS,
                  max_seconds: float = DEFAULT_MAX_SECONDS, rounds: int = DEFAULT_ROUNDS) -> None:
-        _require_positive("buffer_mb", buffer_mb, "64", optional=True)
-        _require_positive("small_kb", small_kb, "16", optional=True)
-        _require_positive("chase_steps", chase_steps, str(DEFAULT_CHASE_STEPS))
-        _require_positive("repeats", repeats, str(DEFAULT_REPEATS))
-        _require_positive("max_seconds", max_seconds, str(int(DEFAULT_MAX_SECONDS)))
-        _require_positive("rounds", rounds, str(DEFAULT_ROUNDS))
+        if buffer_mb is not None:
+            _require_count("buffer_mb", buffer_mb, "64 or leave it unset")
+        if small_kb is not None:
+            _require_count("small_kb", small_kb, "16 or leave it unset")
+        _require_count("chase_steps", chase_steps, str(DEFAULT_CHASE_STEPS))
+        _require_count("repeats", repeats, str(DEFAULT_REPEATS))
+        check_seconds("max_seconds", max_seconds, str(int(DEFAULT_MAX_SECONDS)))
+        _require_count("rounds", rounds, str(DEFAULT_ROUNDS))
         self.buffer_mb = buffer_mb
         self.small_kb = small_kb
-        self.chase_steps = int(chase_steps)
-        self.repeats = int(repeats)
+        self.chase_steps = chase_steps
+        self.repeats = repeats
         self.max_seconds = float(max_seconds)
-        self.rounds = int(rounds)
+        self.rounds = rounds
 
 
-def _require_positive(name: str, value: Any, example: str, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise NumaError("cost option %s=%r is not a positive number: give one like %s%s"
-                        % (name, value, example, " or leave it unset" if optional else ""))
+def _require_count(name: str, value: Any, example: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_OPTIONS[name]:
+        raise NumaError("cost option %s=%s is not a whole number from 1 to %d: give one like %s"
+                        % (name, shown(value), MAX_OPTIONS[name], example))
+
+
+def check_seconds(name: str, value: Any, example: str) -> None:
+    """A positive, finite duration up to the option's bound: NaN or infinity would never time out."""
+    finite = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
+    if isinstance(value, bool) or not finite or not 0 < value <= MAX_OPTIONS[name]:
+        raise NumaError("cost option %s=%s is not a number of seconds above 0 and at most %d: give one like %s"
+                        % (name, shown(value), MAX_OPTIONS[name], example))
 
 
 # --- sizes -----------------------------------------------------------------------------
@@ -646,6 +659,8 @@ def run(options: Optional[CostOptions] = None, window_seconds: float = 1.0, pids
     The remote-access window comes first: the measurement's own cross-node
     allocations would otherwise count as the host's remote traffic.
     """
+    check_seconds("window_seconds", window_seconds, "1")
+    audit.check_pids(pids or [])
     facts = topology.read("/")
     try:
         remote = numastat.collect("/", window_seconds, pids, unit, plan)

@@ -26,11 +26,12 @@ exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` an
 """
 from __future__ import annotations
 
-from .cpulist import format_cpulist, parse_cpulist
+from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
 from .errors import NumaError
 from .gpu_vendors import visibility_env
+from .kernel_files import is_kernel_number
 from .request import CHOICES, DEFAULTS, OPTIONS, PLANNER
-from .sizes import decimal_digits, format_size, parse_size
+from .sizes import MAX_BYTES, decimal_digits, format_size, parse_size, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,6 +47,12 @@ LOCAL_DISTANCE = 10
 # An anchor's score weighs its free memory share 3/5 and its spread term 2/5, in fifths.
 MEMORY_FIFTHS = 3
 SPREAD_FIFTHS = 2
+
+# Every number a request holds is bounded before anything loops over it or multiplies it: instances
+# by MAX_CPUS (an instance needs a CPU), node ids by MAX_NODES, as the kernel bounds them (cpulist.py).
+MAX_PORT = 65535
+# GPUs per instance: far beyond any host (the planner then names how many this one has).
+MAX_GPUS = 1024
 
 # Compiled only for GPUs given by address, the one request that needs a regex.
 _PCI_ADDRESS = r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$"
@@ -91,6 +98,8 @@ class Request:
     memory_headroom: added to model_size: "P%" of the model, a size, or a sum of
     both ("10%+1G"; "2G"; "0").
     reserve_cpus: a cpu list string or cpu numbers; None reserves none.
+    Every number is bounded (MAX_CPUS, MAX_NODES, MAX_PORT, MAX_GPUS, sizes.MAX_BYTES) before
+    the planner loops over or multiplies it; plan() then holds instances to the host's usable CPUs.
     Fields, defaults and choices are request.py's, the table every interface is built from.
     """
 
@@ -117,15 +126,16 @@ class Request:
             raise TypeError("Request() got unexpected keyword argument(s) %s" % ", ".join(unknown))
         for name in self.FIELDS:
             setattr(self, name, options.get(name, DEFAULTS[name]))
-        self.node = _optional_int("node", self.node)
+        self.node = None if self.node is None else _int("node", self.node, 0, MAX_NODES - 1)
         self.gpus = _gpu_selection(self.gpus)
         self.model_size = None if self.model_size is None else _size("model_size", self.model_size)
         self.memory_headroom = _headroom_text(self.memory_headroom)
+        _check_required_bytes(self)
         self.smt = _boolean("smt", self.smt)
         self.reserve_cpus = [] if self.reserve_cpus is None else _cpu_ids("reserve_cpus", self.reserve_cpus)
         self.scope = _choice("scope", self.scope, CHOICES["scope"])
-        self.instances = _int("instances", self.instances, minimum=1)
-        self.instance = _int("instance", self.instance, minimum=0)
+        self.instances = _int("instances", self.instances, 1, MAX_CPUS)
+        self.instance = _int("instance", self.instance, 0, MAX_CPUS - 1)
         if self.instance >= self.instances:
             raise NumaError("instance %d is out of range for instances=%d: instances are numbered "
                             "0..%d" % (self.instance, self.instances, self.instances - 1))
@@ -167,7 +177,7 @@ def parse_headroom(text: str) -> Tuple[Union[int, Fraction], int]:
     then is fractions imported).
     """
     if not isinstance(text, str) or not text.strip():
-        raise NumaError("memory_headroom %r is not a size: write e.g. '10%%+1G', '2G' or '0'" % (text,))
+        raise NumaError("memory_headroom %s is not a size: write e.g. '10%%+1G', '2G' or '0'" % shown(text))
     percent = 0  # type: Union[int, Fraction]
     fixed = 0
     for term in text.split("+"):
@@ -179,8 +189,8 @@ def parse_headroom(text: str) -> Tuple[Union[int, Fraction], int]:
         try:
             fixed += parse_size(term)
         except NumaError:
-            raise NumaError("cannot read memory_headroom %r: term %r is neither a percentage "
-                            "nor a size; write e.g. '10%%+1G', '2G' or '0'" % (text, term))
+            raise NumaError("cannot read memory_headroom %s: term %s is neither a percentage "
+                            "nor a size; write e.g. '10%%+1G', '2G' or '0'" % (shown(text), shown(term)))
     return percent, fixed
 
 
@@ -200,13 +210,38 @@ def _headroom_text(value: Union[str, int]) -> str:
     return value.strip()
 
 
-def _int(name: str, value: Any, minimum: int) -> int:
+def _check_required_bytes(request: Request) -> None:
+    required = request.required_bytes()
+    if required is not None and required >= MAX_BYTES:
+        raise NumaError("model_size %s plus memory_headroom %s needs 16 EiB or more, beyond what a 64-bit "
+                        "machine addresses: give the model's real size and a headroom like '10%%+1G'"
+                        % (format_size(request.model_size), shown(request.memory_headroom)))
+
+
+def _int(name: str, value: Any, minimum: int, maximum: int) -> int:
+    number = _integer(value)
+    if number is None:
+        raise NumaError("%s must be an integer, got %s" % (name, shown(value)))
+    if number < minimum:
+        raise NumaError("%s must be %d or more, got %s" % (name, minimum, shown(value)))
+    if number > maximum:
+        raise NumaError("%s must be at most %d, got %s" % (name, maximum, shown(value)))
+    return number
+
+
+def _integer(value: Any) -> Optional[int]:
+    """An int, or the int a text of digits spells (see _is_integer); None for anything else.
+
+    A text of more than 20 digits reads as 2**64 (with its sign): past every bound here, and int()
+    refuses texts past ~4300 digits.
+    """
     if isinstance(value, str) and _is_integer(value):
-        value = int(value)
+        text = value.strip()
+        if len(text.lstrip("-").lstrip("0")) > 20:
+            return -(1 << 64) if text.startswith("-") else 1 << 64
+        return int(text)
     if isinstance(value, bool) or not isinstance(value, int):
-        raise NumaError("%s must be an integer, got %r" % (name, value))
-    if value < minimum:
-        raise NumaError("%s must be %d or more, got %d" % (name, minimum, value))
+        return None
     return value
 
 
@@ -214,10 +249,6 @@ def _is_integer(text: str) -> bool:
     """An optional minus and decimal digits, spaces around allowed: what int() reads, bar "+" and "_"."""
     digits = text.strip()
     return digits[1:].isdecimal() if digits.startswith("-") else digits.isdecimal()
-
-
-def _optional_int(name: str, value: Any) -> Optional[int]:
-    return None if value is None else _int(name, value, minimum=0)
 
 
 def _size(name: str, value: Any) -> int:
@@ -229,32 +260,32 @@ def _size(name: str, value: Any) -> int:
 
 def _boolean(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise NumaError("%s must be true or false, got %r" % (name, value))
+        raise NumaError("%s must be true or false, got %s" % (name, shown(value)))
     return value
 
 
 def _choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
-    if value not in choices:
-        raise NumaError("unknown %s %r: choose one of %s" % (name, value, ", ".join(choices)))
+    if not isinstance(value, str) or value not in choices:
+        raise NumaError("unknown %s %s: choose one of %s" % (name, shown(value), ", ".join(choices)))
     return value
 
 
 def _cpu_ids(name: str, value: Any) -> List[int]:
     if isinstance(value, str):
         try:
-            return parse_cpulist(value)
+            return parse_cpulist(value, MAX_CPUS)
         except NumaError as error:
             raise NumaError("%s: %s" % (name, error))
     if not isinstance(value, (list, tuple)):
-        raise NumaError("%s must be a cpu list like '0-1' or a list of cpu numbers, got %r" % (name, value))
-    return sorted(set(_int(name, item, minimum=0) for item in value))
+        raise NumaError("%s must be a cpu list like '0-1' or a list of cpu numbers, got %s" % (name, shown(value)))
+    return sorted(set(_int(name, item, 0, MAX_CPUS - 1) for item in value))
 
 
 def _port_base(value: Any, instances: int) -> Optional[int]:
     if value is None:
         return None
-    port = _int("port_base", value, minimum=1)
-    if port + instances - 1 > 65535:
+    port = _int("port_base", value, 1, MAX_PORT)
+    if port + instances - 1 > MAX_PORT:
         raise NumaError("port_base %d + %d instances runs past port 65535: pick a port_base of "
                         "at most %d" % (port, instances, 65536 - instances))
     return port
@@ -267,12 +298,12 @@ def _anchors(value: Any, instances: int, node: Optional[int]) -> Optional[List[i
     # Order and repeats matter (instance i -> anchors[i]), so this is no cpulist.
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
-        raise NumaError("anchors must be node ids in instance order like '0,1', got %r" % (value,))
-    anchors = [_int("anchors entry", item.strip() if isinstance(item, str) else item, minimum=0)
-               for item in items]
-    if len(anchors) != instances:
+        raise NumaError("anchors must be node ids in instance order like '0,1', got %s" % shown(value))
+    # Counted before any entry is read: a hostile list costs nothing.
+    if len(items) != instances:
         raise NumaError("anchors %s name %d node(s) for %d instance(s): give one node per instance, in "
-                        "instance order" % (",".join(map(str, anchors)), len(anchors), instances))
+                        "instance order" % (shown(value), len(items), instances))
+    anchors = [_int("anchors entry", item, 0, MAX_NODES - 1) for item in items]
     if node is not None:
         raise NumaError("node and anchors both given: anchors already fix each instance's node; drop one")
     return anchors
@@ -282,24 +313,30 @@ def _gpu_selection(value: Any) -> Union[str, int, List[str]]:
     """Normalise gpus to "auto", "none", a positive count or a list of full PCI addresses."""
     if isinstance(value, str):
         text = value.strip().lower()
-        if text in ("auto", "none", ""):
-            return text or "none"
-        if text.isdigit():
-            value = int(text)
-        else:
-            value = [item for item in text.split(",") if item.strip()]
-    if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
-            raise NumaError("gpus count %d is negative: give a count of 1 or more, 'auto' or 'none'" % value)
-        return value if value > 0 else "none"
+        if text in ("auto", "none"):
+            return text
+        value = text if _is_integer(text) else text.split(",")
+    if _integer(value) is not None:
+        return _int("gpus count", value, 0, MAX_GPUS) or "none"
     if isinstance(value, (list, tuple)):
-        addresses = []
-        for item in value:
-            address = _pci_address(item)
-            if address not in addresses:
-                addresses.append(address)
-        return addresses or "none"
-    raise NumaError("gpus must be 'auto', 'none', a count or a list of PCI addresses, got %r" % (value,))
+        return _gpu_addresses(value) or "none"
+    raise NumaError("gpus must be 'auto', 'none', a count or a list of PCI addresses, got %s" % shown(value))
+
+
+def _gpu_addresses(items: Union[List[Any], Tuple[Any, ...]]) -> List[str]:
+    """Full PCI addresses in the order given; an empty entry or a GPU named twice is a mistake, not a no-op."""
+    addresses = []
+    seen = set()
+    for position, item in enumerate(items, 1):
+        if isinstance(item, str) and not item.strip():
+            raise NumaError("gpus entry %d of %d is empty: separate PCI addresses by single commas, like "
+                            "0000:81:00.0,0000:c1:00.0, or write none" % (position, len(items)))
+        address = _pci_address(item)
+        if address in seen:
+            raise NumaError("gpus names GPU %s twice: list each GPU once" % address)
+        seen.add(address)
+        addresses.append(address)
+    return addresses
 
 
 def _pci_address(item: Any) -> str:
@@ -307,8 +344,8 @@ def _pci_address(item: Any) -> str:
 
     match = re.match(_PCI_ADDRESS, item.strip().lower()) if isinstance(item, str) else None
     if not match:
-        raise NumaError("gpus: %r is not a PCI address; write it like 0000:81:00.0 (as lspci -D shows)"
-                        % (item,))
+        raise NumaError("gpus: %s is not a PCI address; write it like 0000:81:00.0 (as lspci -D shows)"
+                        % shown(item))
     domain = match.group(1) or "0000"
     return "%s:%s:%s.%s" % (domain, match.group(2), match.group(3), match.group(4))
 
@@ -364,6 +401,7 @@ class Plan(_Record):
 def plan(topology: Dict[str, Any], request: Request) -> Plan:
     """The placement of ``request.instance`` on ``topology``; raises PlacementError if impossible."""
     hints = _gather_hints(topology, request)
+    _check_fits_host(hints, request)
     placements, notes = _simulate(hints, request)
     mine = placements[request.instance]
     cpus, cpu_reasons = _assign_cpus(hints, placements, request.instance, request.smt)
@@ -376,6 +414,19 @@ def plan(topology: Dict[str, Any], request: Request) -> Plan:
         required_bytes=request.required_bytes(), available_bytes=mine.available,
         reasons=hints.reasons + notes + mine.reasons + cpu_reasons + env_reasons,
         inputs=request.to_dict())
+
+
+def _check_fits_host(hints: _Hints, request: Request) -> None:
+    """What the request asks of this host, checked before the simulation loops over its instances."""
+    usable = sum(len(node.cpus) for node in hints.candidates.values())
+    if request.instances > usable:
+        raise PlacementError("instances=%d but this host has %d usable CPU(s) (online, allowed by the cpuset, "
+                             "not reserved): each instance needs one; lower instances or shrink reserve_cpus"
+                             % (request.instances, usable))
+    unknown = sorted(set(request.anchors or ()) - set(hints.node_ids))
+    if unknown:
+        raise PlacementError("anchors name node(s) %s, which this host does not have (node(s) %s): plan the "
+                             "anchors on this host again" % (format_cpulist(unknown), format_cpulist(hints.node_ids)))
 
 
 # ------------------------------------------------------------------ hints ---
@@ -391,19 +442,19 @@ class _Node(_Record):
 
 
 class _Hints(_Record):
-    __slots__ = ("topology", "node_ids", "candidates", "excluded", "distances", "core_of", "gpus", "reasons")
+    __slots__ = ("topology", "node_ids", "candidates", "excluded", "distances", "far", "core_of", "gpus", "reasons")
     topology: Dict[str, Any]
     node_ids: List[int]                  # every node of the topology, sorted
     candidates: Dict[int, _Node]         # usable nodes by id
     excluded: Dict[int, str]             # node id -> why it is not usable
     distances: Dict[Tuple[int, int], int]
+    far: int                             # an unknown distance: the farthest known one
     core_of: Dict[int, Tuple[int, ...]]  # cpu -> its SMT sibling group
     gpus: List[Dict[str, Any]]           # every GPU the topology lists, PCI order
     reasons: List[str]
 
     def distance(self, source: int, target: int) -> int:
-        default = LOCAL_DISTANCE if source == target else REMOTE_DISTANCE
-        return self.distances.get((source, target), default)
+        return self.distances.get((source, target), LOCAL_DISTANCE if source == target else self.far)
 
     def nearest_first(self, anchor: int, nodes: List[int]) -> List[int]:
         """anchor first, then by SLIT distance from it, ties by lowest id."""
@@ -411,7 +462,7 @@ class _Hints(_Record):
 
 
 def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
-    nodes = sorted(topology.get("nodes") or [], key=lambda item: item["id"])
+    nodes = _node_records(topology)
     cpus_info = topology.get("cpus") or {}
     online = sorted(set(cpu for node in nodes for cpu in node.get("cpus") or []))
     allowed = set(parse_cpulist(cpus_info.get("allowed") or "") or online)
@@ -430,8 +481,9 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
                 id=node["id"], cpus=usable, total=(node.get("memory_total_kb") or 0) * 1024,
                 available=(node.get("memory_available_kb") or 0) * 1024,
                 packages=tuple(sorted(node.get("packages") or [])))
+    distances = _distance_table(topology, nodes)
     hints = _Hints(topology=topology, node_ids=[node["id"] for node in nodes], candidates=candidates,
-                   excluded=excluded, distances=_distance_table(topology, nodes),
+                   excluded=excluded, distances=distances, far=max(distances.values(), default=REMOTE_DISTANCE),
                    core_of=_sibling_groups(cpus_info), gpus=sorted(topology.get("gpus") or [],
                                                                    key=lambda gpu: gpu["address"]),
                    reasons=_cpuset_reasons(online, allowed, request.reserve_cpus))
@@ -440,6 +492,20 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
         raise PlacementError("no usable NUMA node: %s; widen the cpuset (allowed cpus/mems) or shrink "
                              "reserve_cpus" % _excluded_text(hints))
     return hints
+
+
+def _node_records(topology: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The topology's nodes by id; a record without an integer id is a topology made by hand, refused."""
+    nodes = topology.get("nodes") or []
+    for node in nodes:
+        if not isinstance(node, dict) or not _is_number(node.get("id")):
+            raise PlacementError("topology node %s has no integer id: plan on the numa facts as numa_facts "
+                                 "reads them" % shown(node))
+    return sorted(nodes, key=lambda node: node["id"])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unusable(node: Dict[str, Any], usable: Tuple[int, ...], allowed: set, mems_allowed: Optional[set],
@@ -460,16 +526,22 @@ def _unusable(node: Dict[str, Any], usable: Tuple[int, ...], allowed: set, mems_
 
 
 def _distance_table(topology: Dict[str, Any], nodes: List[Dict[str, Any]]) -> Dict[Tuple[int, int], int]:
-    """SLIT as {(from, to): distance}: each node's own row, else the matrix in nodes order."""
+    """SLIT as {(from, to): distance}: each node's own row, else the matrix in nodes order.
+
+    An unknown distance (null: a node the kernel's online list left out) is no entry:
+    _Hints.distance counts it as far as the farthest known one (the kernel's remote
+    default, 20, when there are none).
+    """
     table = {}
     matrix = topology.get("distances") or []
     for row_index, node in enumerate(nodes):
         row = matrix[row_index] if row_index < len(matrix) else []
         for column, other in enumerate(nodes):
-            if column < len(row):
+            if column < len(row) and _is_number(row[column]):
                 table[(node["id"], other["id"])] = row[column]
         for target, distance in (node.get("distances") or {}).items():
-            table[(node["id"], int(target))] = distance
+            if is_kernel_number(str(target)) and _is_number(distance):
+                table[(node["id"], int(target))] = distance
     return table
 
 

@@ -104,6 +104,14 @@ def check_names(request: Mapping[str, Any]) -> None:
                         % (", ".join(unknown), ", ".join(BY_NAME)))
 
 
+def check_start_options(request: Mapping[str, Any]) -> None:
+    """Refuse a start option that would have nothing to act on, rather than let numa-pin skip it."""
+    if request.get("page_cache") == "replicate" and not request.get("model"):
+        raise NumaError("page_cache replicate copies the model files for each node, but no model is given: "
+                        "set model to the files the server maps (numa-pin: --model PATH), or choose "
+                        "another page_cache")
+
+
 def argument_spec() -> Dict[str, Dict[str, Any]]:
     """The request part of numa_plan's argument spec: what the planner and the model sizing take."""
     spec = {}
@@ -124,6 +132,7 @@ def argument_spec() -> Dict[str, Dict[str, Any]]:
 def module_args(request: Mapping[str, Any]) -> Dict[str, Any]:
     """numa_plan's arguments for a request (a role's dict, None = unset): the options set that it takes."""
     check_names(request)
+    check_start_options(request)
     return {option.name: _module_value(option, request[option.name]) for option in OPTIONS
             if option.stage != START and request.get(option.name) is not None}
 
@@ -145,6 +154,7 @@ def build_request(options: Mapping[str, Any]) -> Request:
     """
     from .placement import Request
 
+    check_start_options(options)
     chosen = {option.name: options.get(option.name) for option in OPTIONS if option.stage == PLANNER}
     if chosen["node"] == "auto":
         chosen["node"] = None

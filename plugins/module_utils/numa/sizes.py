@@ -23,6 +23,13 @@ if TYPE_CHECKING:
     from typing import List, Optional, Tuple, Union
 
 _UNITS = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+# 16 EiB: what a 64-bit address space holds, so no model or headroom on any machine is larger.
+MAX_BYTES = 1 << 64
+# A byte count below MAX_BYTES has 20 digits; as many decimals again cannot change it by a byte,
+# and int() refuses (ValueError) strings past ~4300 digits.
+_MAX_DIGITS = 40
+# How much of a hostile value an error message repeats: it stays one readable line.
+_SHOWN_CHARS = 40
 # What may follow a unit letter: 14G, 14GB, 14Gi, 14GiB.
 _UNIT_TAILS = ("", "ib", "i", "b")
 # A split GGUF's part name ends "-00001-of-00003.gguf".
@@ -36,29 +43,52 @@ def parse_size(text: Union[str, int]) -> int:
     for anything else (negative, empty, unknown unit, not a number).
     """
     if isinstance(text, bool) or not isinstance(text, (str, int)):
-        raise NumaError("size %r is not a number of bytes or a string like '14G'" % (text,))
+        raise NumaError("size %s is not a number of bytes or a string like '14G'" % shown(text))
     if isinstance(text, int):
         if text < 0:
-            raise NumaError("size %d is negative: give a size of 0 or more bytes" % text)
-        return text
+            raise NumaError("size %s is negative: give a size of 0 or more bytes" % shown(text))
+        return _at_most_max_bytes(text, text)
     parsed = _number_and_power(text.strip())
     if parsed is None:
-        raise NumaError("cannot read size %r: write a number with an optional binary unit, "
-                        "like 1000000, 512M, 1.5GiB or 14G" % (text,))
+        raise NumaError("cannot read size %s: write a number with an optional binary unit, "
+                        "like 1000000, 512M, 1.5GiB or 14G" % shown(text))
     (value, decimals), power = parsed
     # Exact: the number times 1024**power, rounded up to whole bytes.
-    return -(-value * 1024 ** power // 10 ** decimals)
+    return _at_most_max_bytes(-(-value * 1024 ** power // 10 ** decimals), text)
+
+
+def _at_most_max_bytes(num_bytes: int, given: Union[str, int]) -> int:
+    if num_bytes >= MAX_BYTES:
+        raise NumaError("size %s is 16 EiB or more, beyond what a 64-bit machine addresses: give the "
+                        "real size, like 14G" % shown(given))
+    return num_bytes
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to a readable length: an error message repeats hostile input in one short line.
+
+    An int too long for str() (Python refuses past ~4300 digits) is named by its size instead.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return "(a %d-bit number)" % value.bit_length()
+    text = repr(value)
+    if len(text) <= _SHOWN_CHARS:
+        return text
+    return "%s...(%d characters)" % (text[:_SHOWN_CHARS], len(text))
 
 
 def decimal_digits(text: str) -> Optional[Tuple[int, int]]:
     """``"1.5"`` -> (15, 1): the number's digits as an integer, and how many of them follow the point.
 
     None unless ``text`` is a plain decimal number: ``14``, ``1.5``, ``1.`` or ``.5`` (no sign,
-    no exponent, no spaces).
+    no exponent, no spaces). More digits than any byte count needs raise NumaError.
     """
     whole, _point, fraction = text.partition(".")
     if not (whole or fraction) or not _digits(whole) or not _digits(fraction):
         return None
+    if len(whole.lstrip("0")) + len(fraction) > _MAX_DIGITS:
+        raise NumaError("number %s has more than %d digits: no size needs that many; write it like 14G"
+                        % (shown(text), _MAX_DIGITS))
     return int(whole + fraction), len(fraction)
 
 
