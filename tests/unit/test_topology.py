@@ -61,8 +61,8 @@ def test_gpus_by_pci_class_without_bmc_or_nvswitch(tmp_path):
     assert node(facts, 1)["gpus"] == ["0000:81:00.0", "0000:c1:00.0"]
     assert node(facts, 0)["gpus"] == []
     assert facts["nics"] == [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other",
-                              "device_id": "0x101d", "class": "0x020000", "numa_node": 1,
-                              "local_cpulist": "40-79,120-159", "name": "ens1f0"}]
+                              "device_id": "0x101d", "class": "0x020000", "numa_node": 1, "locality": "numa_node",
+                              "local_cpulist": "40-79,120-159", "name": "ens1f0", "rdma_name": None}]
     assert [(d["address"], d["name"]) for d in facts["nvme"]] == [("0000:01:00.0", "nvme0")]
 
 
@@ -326,3 +326,64 @@ def test_a_fifo_a_loop_and_a_directory_are_warnings_even_where_a_file_is_optiona
     assert facts["kernel"]["numa_balancing"] is None and facts["cpus"]["isolated"] == ""
     for rel in ("numa_balancing", "cpu/isolated", "0000:81:00.0/numa_node"):
         assert any(rel in warning for warning in facts["warnings"]), (rel, facts["warnings"])
+
+
+# --- GPU servers: every locality the kernel gives -------------------------------------------------
+
+
+def test_gpu_locality_from_numa_node_or_the_local_cpus_mask(tmp_path):
+    facts = build(tmp_path, "dgx_like")
+    by_address = {gpu["address"]: gpu for gpu in facts["gpus"]}
+    assert [(gpu["numa_node"], gpu["locality"]) for gpu in facts["gpus"][:7]] == [
+        (index % 2, "numa_node") for index in range(7)]
+    masked = by_address["0000:db:00.0"]  # numa_node -1, no local_cpulist, only the hex mask
+    assert (masked["numa_node"], masked["locality"]) == (1, "local_cpus")
+    assert masked["local_cpulist"] == node(facts, 1)["cpulist"]
+    assert node(facts, 1)["gpus"] == ["0000:2a:00.0", "0000:5d:00.0", "0000:ab:00.0", "0000:db:00.0"]
+    assert facts["warnings"] == []
+
+
+def test_nics_carry_their_rdma_device(tmp_path):
+    facts = build(tmp_path, "dgx_like")
+    assert [(nic["name"], nic["rdma_name"], nic["numa_node"]) for nic in facts["nics"]] == [
+        ("ibp0", "mlx5_0", 0), ("ibp1", "mlx5_1", 1), ("ibp2", "mlx5_2", 0), ("ibp3", "mlx5_3", 1)]
+
+
+def test_gpu_memory_node_from_the_drivers_numa_status(tmp_path):
+    facts = build(tmp_path, "gh200_like")
+    (gpu,) = facts["gpus"]
+    assert (gpu["numa_node"], gpu["memory_node"]) == (0, 1)
+    assert node(facts, 1)["gpu_memory_of"] == ["0009:01:00.0"] and node(facts, 2)["gpu_memory_of"] == []
+
+
+@pytest.mark.parametrize("status, expected", [
+    ("Node:      1\nStatus:    online\n", 1),
+    ("Node:      1\nStatus:    offline\n", None),       # not onlined: no memory there yet
+    ("Node:      -1\nStatus:    disabled\n", None),
+    ("Node:      7\nStatus:    online\n", None),        # a node the topology does not list: warned
+    ("garbage", None),
+])
+def test_numa_status_is_read_by_the_kernel_drivers_format(tmp_path, status, expected):
+    machine = sysfs.RECIPES["gh200_like"]()
+    machine.put("proc/driver/nvidia/gpus/0009:01:00.0/numa_status", status)
+    facts = read(machine.write(str(tmp_path)))
+    assert facts["gpus"][0]["memory_node"] == expected
+    assert any("names node 7" in warning for warning in facts["warnings"]) == (status.startswith("Node:      7"))
+
+
+@pytest.mark.parametrize("recipe, source", [("memoryless_hmat", "hmat"), ("memoryless_slit", "slit")])
+def test_memory_less_cpu_nodes_get_the_memory_nodes_that_serve_them(tmp_path, recipe, source):
+    facts = build(tmp_path, recipe)
+    assert [(n["id"], n["memory_nodes"], n["memory_from"]) for n in facts["nodes"]] == [
+        (0, [2], source), (1, [3], source), (2, [2], "local"), (3, [3], "local")]
+    result = plan(facts, Request(model_size="10G"))
+    assert result.mem_nodes == [result.node + 2] and result.policy == "bind"
+
+
+def test_hmat_wins_over_slit(tmp_path):
+    machine = sysfs.RECIPES["memoryless_hmat"]()
+    # SLIT now says node 3 is nearer to node 0; HMAT still pairs node 0 with node 2.
+    machine.put("sys/devices/system/node/node0/distance", "10 21 24 12")
+    machine.put("sys/devices/system/node/node3/distance", "12 24 21 10")
+    facts = read(machine.write(str(tmp_path)))
+    assert node(facts, 0)["memory_nodes"] == [2] and node(facts, 0)["memory_from"] == "hmat"

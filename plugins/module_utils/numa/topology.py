@@ -36,6 +36,7 @@ SCHEMA_VERSION = 1
 
 CPU_DIR = "sys/devices/system/cpu"
 PCI_DIR = "sys/bus/pci/devices"
+NVIDIA_GPUS_DIR = "proc/driver/nvidia/gpus"
 
 # PCI base class + subclass of compute/display devices: VGA, 3D controller,
 # other display controller, processing accelerator.
@@ -151,8 +152,13 @@ def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
     nodes = _read_nodes(reader, online, system_meminfo)
     _attach_packages(nodes, cpus["_package_of"])
     pci = _read_pci(reader, nodes)
+    node_ids = {node["id"] for node in nodes}
+    for gpu in pci["gpus"]:
+        gpu["memory_node"] = _gpu_memory_node(reader, gpu, node_ids)
     for node in nodes:
         node["gpus"] = [gpu["address"] for gpu in pci["gpus"] if gpu["numa_node"] == node["id"]]
+        node["gpu_memory_of"] = [gpu["address"] for gpu in pci["gpus"] if gpu["memory_node"] == node["id"]]
+    _attach_memory_nodes(reader, nodes)
     cpus["packages"] = _packages(cpus["_package_of"], nodes)
     for private in ("_online", "_package_of"):
         del cpus[private]
@@ -467,6 +473,9 @@ def _read_node(reader: _Reader, node_id: int, online: Set[int], distance_keys: L
     cpus = reader.cpus(base + "/cpulist", required=False)
     if cpus is None:
         cpus = _parse_cpumap(reader, base + "/cpumap")
+    if cpus is None:
+        reader.warn("%s: neither cpulist nor cpumap readable; node listed without CPUs" % base)
+        cpus = []
     meminfo = _parse_meminfo(reader, base + "/meminfo")
     node = _node_record(node_id, sorted(set(cpus) & online), meminfo, _read_distances(reader, base, distance_keys))
     if not reader.plan_only:
@@ -495,15 +504,59 @@ def _node_record(node_id: int, cpus: List[int], meminfo: Dict[str, int], distanc
         "distances": distances,
         "packages": [],
         "gpus": [],
+        "gpu_memory_of": [],
+        "memory_nodes": [node_id] if total > 0 else [],
+        "memory_from": "local" if total > 0 else None,
     }
 
 
-def _parse_cpumap(reader: _Reader, rel: str) -> List[int]:
-    """A hex CPU mask in comma-separated 32-bit words, most significant first."""
+def _attach_memory_nodes(reader: _Reader, nodes: List[Dict[str, Any]]) -> None:
+    """Each node's ``memory_nodes``: whose memory its CPUs allocate from. A node with memory serves
+    itself; a CPU node without memory is served by the memory nodes HMAT ranks best for it
+    (``access0``: its targets, or the memory nodes naming it an initiator), else by the nearest
+    memory nodes by SLIT (the kernel's fallback order)."""
+    with_memory = [node["id"] for node in nodes if node["has_memory"]]
+    for node in nodes:
+        node["memory_nodes"] = [node["id"]] if node["has_memory"] else []
+        node["memory_from"] = "local" if node["has_memory"] else None
+        if node["has_memory"] or not node["has_cpus"] or not with_memory:
+            continue
+        hmat = _hmat_memory_nodes(reader, node["id"], with_memory)
+        nearest = _nearest(node["distances"], with_memory)
+        node["memory_nodes"], node["memory_from"] = (hmat, "hmat") if hmat else (nearest, "slit" if nearest else None)
+        if not node["memory_nodes"]:
+            reader.warn("node%d: has CPUs but no memory, and neither HMAT nor SLIT names the node that serves it"
+                        % node["id"])
+
+
+def _hmat_memory_nodes(reader: _Reader, initiator: int, with_memory: List[int]) -> List[int]:
+    """The memory nodes HMAT pairs with ``initiator`` (numaperf: nodeX/accessN/targets/nodeY and
+    nodeY/accessN/initiators/nodeX): class access0 (any initiator), else access1 (CPUs only)."""
+    for access in ("access0", "access1"):
+        targets = set(numbered(reader.listdir("%s/node%d/%s/targets" % (NODE_DIR, initiator, access)), "node"))
+        for target in with_memory:
+            if target not in targets and "node%d" % initiator in reader.listdir(
+                    "%s/node%d/%s/initiators" % (NODE_DIR, target, access)):
+                targets.add(target)
+        if targets & set(with_memory):
+            return sorted(targets & set(with_memory))
+    return []
+
+
+def _nearest(distances: Dict[str, int], candidates: List[int]) -> List[int]:
+    """The candidates at the smallest known distance (all of them when they tie)."""
+    known = {node: distances[str(node)] for node in candidates if str(node) in distances}
+    if not known:
+        return []
+    closest = min(known.values())
+    return sorted(node for node, distance in known.items() if distance == closest)
+
+
+def _parse_cpumap(reader: _Reader, rel: str) -> Optional[List[int]]:
+    """A hex CPU mask in comma-separated 32-bit words, most significant first; None when unreadable."""
     raw = reader.text(rel, required=False)
     if raw is None:
-        reader.warn("%s: neither cpulist nor cpumap readable; node listed without CPUs" % rel.rsplit("/", 1)[0])
-        return []
+        return None
     words = raw.split(",")[::-1] if raw else []  # least significant first
     if any(not 0 < len(word) <= 8 or word.strip(_HEX_DIGITS) for word in words):
         reader.warn("%s: not a hex CPU mask: %r" % (rel, raw[:40]))
@@ -611,13 +664,17 @@ def _read_pci(reader: _Reader, nodes: List[Dict[str, Any]]) -> Dict[str, List[Di
         # Only a display device's vendor matters (a BMC's is no GPU): no read for the others.
         vendor = reader.text(base + "/vendor", required=False) if device_class >> 8 in GPU_CLASSES else None
         kind = _device_kind(device_class, vendor)
-        if kind is None or (kind != "gpu" and reader.plan_only):
+        # The per-GPU map names each GPU's NICs, so numa-pin exec reads them too; NVMe is facts only.
+        if kind is None or (kind == "nvme" and reader.plan_only):
             continue
         record = _pci_record(reader, base, address, device_class, nodes)
         if kind == "gpu":
             found["gpus"].append(record)
         else:
             record["name"] = _device_name(reader, base, "net" if kind == "nic" else "nvme")
+            if kind == "nic":
+                # The RDMA device (mlx5_0) is what NCCL_IB_HCA and UCX_NET_DEVICES name.
+                record["rdma_name"] = _device_name(reader, base, "infiniband")
             found["nics" if kind == "nic" else "nvme"].append(record)
     for gpu in found["gpus"]:
         gpu.update(index_facts(gpu, found["gpus"]))
@@ -638,12 +695,9 @@ def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
                 nodes: List[Dict[str, Any]]) -> Dict[str, Any]:
     vendor = (reader.text(base + "/vendor", required=False) or "").lower()
     local_cpus = reader.cpus(base + "/local_cpulist", required=False)
-    numa_node = reader.integer(base + "/numa_node", required=False)
-    if numa_node is not None and numa_node >= reader.node_limit:
-        reader.warn("%s/numa_node: %d is past the last possible node, %d" % (base, numa_node, reader.node_limit - 1))
-        numa_node = None
-    if numa_node is None or numa_node < 0:
-        numa_node = _node_from_cpus(local_cpus, nodes)
+    if local_cpus is None and reader.exists(base + "/local_cpus"):
+        local_cpus = _parse_cpumap(reader, base + "/local_cpus")
+    numa_node, locality = _pci_node(reader, base, local_cpus, nodes)
     return {
         "address": address,
         "vendor_id": vendor or None,
@@ -651,8 +705,42 @@ def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
         "device_id": (reader.text(base + "/device", required=False) or "").lower() or None,
         "class": "0x%06x" % device_class,
         "numa_node": numa_node,
+        "locality": locality,
         "local_cpulist": format_cpulist(local_cpus or []),
     }
+
+
+def _pci_node(reader: _Reader, base: str, local_cpus: Optional[List[int]],
+              nodes: List[Dict[str, Any]]) -> Tuple[Optional[int], Optional[str]]:
+    """(the device's node, the file that told it): ``numa_node``, else the one node its local
+    CPUs (``local_cpulist``, else the ``local_cpus`` mask) fall on; (None, None) when neither says."""
+    numa_node = reader.integer(base + "/numa_node", required=False)
+    if numa_node is not None and numa_node >= reader.node_limit:
+        reader.warn("%s/numa_node: %d is past the last possible node, %d" % (base, numa_node, reader.node_limit - 1))
+        numa_node = None
+    if numa_node is not None and numa_node >= 0:
+        return numa_node, "numa_node"
+    numa_node = _node_from_cpus(local_cpus, nodes)
+    if numa_node is None:
+        return None, None
+    return numa_node, "local_cpulist" if reader.exists(base + "/local_cpulist") else "local_cpus"
+
+
+def _gpu_memory_node(reader: _Reader, gpu: Dict[str, Any], node_ids: Set[int]) -> Optional[int]:
+    """The node holding the GPU's own memory, where the driver onlines it as system memory
+    (GH200/GB200 HBM, POWER9 NVLink GPUs): NVIDIA's ``numa_status`` says ``Node: N`` and
+    ``Status: online``."""
+    if gpu["vendor"] != "nvidia":
+        return None
+    rel = "%s/%s/numa_status" % (NVIDIA_GPUS_DIR, gpu["address"])
+    fields = parse_status(reader.text(rel, required=False) or "")
+    node = parse_integer(fields.get("Node", ""))
+    if node is None or node < 0 or fields.get("Status") != "online":
+        return None
+    if node not in node_ids:
+        reader.warn("%s: names node %d, which the topology does not list; GPU memory node unknown" % (rel, node))
+        return None
+    return node
 
 
 def _node_from_cpus(local_cpus: Optional[List[int]], nodes: List[Dict[str, Any]]) -> Optional[int]:
