@@ -17,7 +17,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import request, systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import server_command
 
 
 def _filter(func):
@@ -28,6 +28,10 @@ def _filter(func):
         except NumaError as exc:
             raise AnsibleFilterError(str(exc)) from None
     return wrapper
+
+
+def _server_command(argv, plan):
+    return server_command(argv, plan)[0]
 
 
 def _settings(plan, systemd_version):
@@ -52,7 +56,7 @@ class FilterModule:
             "systemd_version": _filter(systemd.parse_systemd_version),
             "numa_pin_flags": _filter(systemd.request_flags),
             "numa_plan_args": _filter(request.module_args),
-            "numa_substitute": _filter(substitute_tokens),
+            "numa_server_command": _filter(_server_command),
             "numa_plan_record": _filter(systemd.plan_record),
             "numa_systemd_settings": _filter(_settings),
         }

@@ -85,6 +85,13 @@ options:
         snapshot. Keeps the spread stable when instances already run; memory fit is still checked.
       - One node per instance, each a node of the host.
     type: str
+  engine:
+    description:
+      - The inference engine. The plan's RV(plan.engine) sets that engine's own NUMA switches so they agree with the
+        plan's binding; C(generic) sets none. See docs/engines.md.
+    type: str
+    choices: [generic, llama.cpp, vllm, sglang, trtllm]
+    default: generic
   root:
     description: Plan for the machine whose C(sys/) and C(proc/) are under this directory.
     type: path
@@ -159,6 +166,65 @@ plan:
       description: PCI addresses of the GPUs given to this instance.
       type: list
       elements: str
+    gpu_map:
+      description:
+        - Per GPU of the instance, in the order the server sees them, where the worker that drives it belongs. An
+          instance whose GPUs span nodes runs on all of them; the engine binds each worker by this map.
+      type: list
+      elements: dict
+      contains:
+        gpu:
+          description: The GPU's PCI address.
+          type: str
+          sample: "0000:81:00.0"
+        node:
+          description: The usable node local to the GPU (for a GPU on a CPU-less node, the nearest usable one).
+          type: int
+          sample: 1
+        cpulist:
+          description: The worker's CPUs, its share of the instance's CPUs on that node.
+          type: str
+          sample: 40-59,120-139
+        mem_nodes:
+          description: The node(s) whose memory serves the worker.
+          type: list
+          elements: int
+          sample: [1]
+        memory_node:
+          description: The node holding the GPU's own memory (GH200/GB200 HBM), or null.
+          type: int
+          sample: null
+        nics:
+          description: NICs on the GPU's node, each with C(address), C(name) and C(rdma_name) (for C(NCCL_IB_HCA)).
+          type: list
+          elements: dict
+          sample: [{"address": "0000:41:00.0", "name": "ens1f0", "rdma_name": "mlx5_0"}]
+    engine:
+      description: What O(engine) needs to hear; C(env) is also in RV(plan.env), C(args) go after the server's own.
+      type: dict
+      contains:
+        engine:
+          description: The engine's name.
+          type: str
+          sample: vllm
+        args:
+          description: Arguments added after the server's own (a flag the command already gives is left as it is).
+          type: list
+          elements: str
+          sample: ["--numa-bind", "--numa-bind-nodes", "0", "1", "--numa-bind-cpus", "0-39", "40-79"]
+        env:
+          description: Environment the recipe sets.
+          type: dict
+          sample: {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}
+        requires:
+          description: Programs the engine runs for its binding (numa-pin refuses to start without them).
+          type: list
+          elements: str
+          sample: ["numactl"]
+        reasons:
+          description: The recipe's choices, in words (also in RV(plan.reasons)).
+          type: list
+          elements: str
     env:
       description: Environment the server gets (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, ...).
       type: dict

@@ -91,8 +91,8 @@ def test_numa_plan_ships_only_what_it_uses():
     assert done.returncode == 0, done.stderr
     prefix = "ansible_collections/inferops/numa/plugins/module_utils/numa/"
     shipped = {name[len(prefix):-3] for name in done.stdout.split() if name.startswith(prefix)}
-    assert shipped == {"__init__", "cpulist", "errors", "gpu_vendors", "kernel_files", "placement", "request", "sizes",
-                       "systemd", "topology"}
+    assert shipped == {"__init__", "cpulist", "engines", "errors", "gpu_vendors", "kernel_files", "placement", "request",
+                       "sizes", "systemd", "topology"}
 
 
 def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():

@@ -206,11 +206,11 @@ def test_reserved_cpus_are_never_handed_out():
     assert result.threads == 76
 
 
-def test_memory_less_cpu_node_is_not_a_candidate():
+def test_memory_less_cpu_node_nobody_serves_is_not_a_candidate():
     topology = tf.make_topology([tf.make_node(0, range(4), has_memory=False), tf.make_node(1, range(4, 8))])
     result = place(topology)
     assert result.node == 1
-    assert "node 0: no memory (CPU-only node)" in reasons(result)
+    assert "node 0: no memory, and no node's memory is known to serve it (CPU-only node)" in reasons(result)
 
 
 @pytest.mark.parametrize("topology, node, message", [
@@ -569,7 +569,8 @@ def test_instances_on_one_node_split_its_cores():
 def test_plan_to_dict_is_json_with_every_field():
     result = place(tf.dual_socket_gpu(), instances=2, instance=1, port_base=8080, model_size="14G")
     data = json.loads(json.dumps(result.to_dict()))
-    assert set(data) == {"policy", "node", "mem_nodes", "cpu_nodes", "cpus", "cpulist", "threads", "gpus", "env",
+    assert set(data) == {"policy", "node", "mem_nodes", "cpu_nodes", "cpus", "cpulist", "threads", "gpus", "gpu_map",
+                         "engine", "env",
                          "instance", "instances", "port", "required_bytes", "available_bytes", "reasons", "inputs"}
     assert (data["port"], data["instance"], data["instances"], data["cpulist"]) == (8081, 1, 2, "60-79,140-159")
     assert data["inputs"]["model_size"] == 14 * GIB

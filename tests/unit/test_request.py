@@ -34,7 +34,7 @@ SPEC_KEYS = ("type", "elements", "choices", "default")
 EVERY_OPTION = {"node": "1", "gpus": "2", "model_size": "14G", "model": "/srv/models/m.gguf",
                 "memory_headroom": "5%+2G", "smt": False, "reserve_cpus": "0-1", "scope": "socket", "instances": 4,
                 "instance": 3, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate",
-                "replica_dir": "/srv/replicas", "port_base": 8000, "anchors": "0,0,1,1"}
+                "replica_dir": "/srv/replicas", "port_base": 8000, "anchors": "0,0,1,1", "engine": "vllm"}
 
 # The role works these out per layout and instance instead of reading them from a service entry.
 ROLE_COMPUTED = ("instances", "instance", "anchors")

@@ -15,8 +15,10 @@ GIB_KB = 1024 * 1024
 
 
 def make_node(node_id: int, cpus: Sequence[int] = (), total_gib: float = 64, available_gib: Optional[float] = None,
-              packages: Optional[Sequence[int]] = None, has_memory: bool = True) -> Dict[str, Any]:
-    """One node; available defaults to 90% of total. Memory sizes in GiB, stored in kB."""
+              packages: Optional[Sequence[int]] = None, has_memory: bool = True,
+              memory_nodes: Optional[Sequence[int]] = None) -> Dict[str, Any]:
+    """One node; available defaults to 90% of total. Memory sizes in GiB, stored in kB. ``memory_nodes``:
+    the nodes serving a node without memory of its own, as the reader derives them (HMAT or SLIT)."""
     total_kb = int(total_gib * GIB_KB) if has_memory else 0
     available_kb = int((available_gib if available_gib is not None else total_gib * 0.9) * GIB_KB)
     available_kb = available_kb if has_memory else 0
@@ -34,19 +36,31 @@ def make_node(node_id: int, cpus: Sequence[int] = (), total_gib: float = 64, ava
         "memory_available_kb": available_kb,
         "hugepages": {"2048kB": {"total": 0, "free": 0}},
         "packages": sorted(packages if packages is not None else ([0] if cpus else [])),
+        "memory_nodes": list(memory_nodes) if memory_nodes is not None else ([node_id] if has_memory else []),
+        "memory_from": "local" if has_memory else ("hmat" if memory_nodes else None),
     }
 
 
 def make_gpu(address: str, numa_node: Optional[int], vendor: str = "nvidia",
-             cuda_index: Optional[int] = None, klass: str = "0x030200") -> Dict[str, Any]:
+             cuda_index: Optional[int] = None, klass: str = "0x030200",
+             memory_node: Optional[int] = None) -> Dict[str, Any]:
     vendor_ids = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086", "other": "0x1234"}
     return {"address": address, "vendor_id": vendor_ids.get(vendor, "0xffff"), "vendor": vendor,
-            "device_id": "0x0001", "class": klass, "numa_node": numa_node, "local_cpulist": "",
-            "cuda_index": cuda_index}
+            "device_id": "0x0001", "class": klass, "numa_node": numa_node,
+            "locality": None if numa_node is None else "numa_node", "local_cpulist": "",
+            "cuda_index": cuda_index, "memory_node": memory_node}
+
+
+def make_nic(address: str, numa_node: Optional[int], name: str, rdma_name: Optional[str] = None) -> Dict[str, Any]:
+    return {"address": address, "vendor_id": "0x15b3", "vendor": "other", "device_id": "0x101d",
+            "class": "0x020700" if rdma_name else "0x020000", "numa_node": numa_node,
+            "locality": None if numa_node is None else "numa_node", "local_cpulist": "", "name": name,
+            "rdma_name": rdma_name}
 
 
 def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int]]] = None,
-                  gpus: Sequence[Dict[str, Any]] = (), allowed: str = "", mems_allowed: str = "",
+                  gpus: Sequence[Dict[str, Any]] = (), nics: Sequence[Dict[str, Any]] = (),
+                  allowed: str = "", mems_allowed: str = "",
                   siblings: Optional[List[List[int]]] = None,
                   weighted_interleave: Optional[Dict[str, int]] = None) -> Dict[str, Any]:
     """A full contract dict. distances is a matrix in node order (default 10 local, 21 remote);
@@ -63,6 +77,7 @@ def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int
         node["cpulist"] = format_cpulist(node["cpus"])
         node["distances"] = {str(other): distance for other, distance in zip(ids, row)}
         node["gpus"] = [gpu["address"] for gpu in gpus if gpu["numa_node"] == node["id"]]
+        node["gpu_memory_of"] = [gpu["address"] for gpu in gpus if gpu.get("memory_node") == node["id"]]
     return {
         "schema_version": 1,
         "root": "/",
@@ -80,7 +95,7 @@ def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int
             "caches": {"l1d_kb": None, "l2_kb": None, "l3_kb": None},
         },
         "gpus": gpus,
-        "nics": [],
+        "nics": [dict(nic) for nic in nics],
         "nvme": [],
         "memory": {"total_kb": sum(node["memory_total_kb"] for node in nodes),
                    "free_kb": sum(node["memory_free_kb"] for node in nodes),
@@ -155,6 +170,44 @@ def cxl_memory(**overrides: Any) -> Dict[str, Any]:
              make_node(2, (), 512, 500)]
     distances = [[10, 21, 14], [21, 10, 24], [14, 24, 10]]
     return make_topology(nodes, distances=distances, **overrides)
+
+
+def dgx_like(**overrides: Any) -> Dict[str, Any]:
+    """2 sockets x 56 cores SMT2 (cpus 0-223), 1 TiB per node, 8 NVIDIA GPUs whose PCI addresses
+    alternate between the sockets (as on many 8-GPU boards), and one InfiniBand NIC per GPU pair."""
+    nodes = [make_node(0, list(range(0, 56)) + list(range(112, 168)), 1024, 900, [0]),
+             make_node(1, list(range(56, 112)) + list(range(168, 224)), 1024, 900, [1])]
+    buses = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
+    gpus = [make_gpu("0000:%s:00.0" % bus, index % 2) for index, bus in enumerate(buses)]
+    nics = [make_nic("0000:%02x:00.0" % (0x17 + 0x10 * index), index % 2, "ibp%d" % index, "mlx5_%d" % index)
+            for index in range(4)]
+    return make_topology(nodes, gpus=gpus, nics=nics, siblings=smt_pairs(112), **overrides)
+
+
+def nps4_eight_gpus(**overrides: Any) -> Dict[str, Any]:
+    """amd_nps4 with one GPU on each of its 8 nodes (an 8-GPU EPYC board in NPS4 mode)."""
+    return amd_nps4(gpus=[make_gpu("0000:%02x:00.0" % (0x10 + 0x20 * node), node) for node in range(8)], **overrides)
+
+
+def gb200_like(**overrides: Any) -> Dict[str, Any]:
+    """Two Grace CPU nodes (72 cores, 480 GiB each), each with two GPUs whose HBM the driver onlines
+    as CPU-less nodes 2-5 (numa_status), farther than the other Grace."""
+    nodes = [make_node(0, range(72), 480, 400, [0]), make_node(1, range(72, 144), 480, 400, [1])]
+    nodes.extend(make_node(node, (), 186, 180, [], has_memory=True) for node in range(2, 6))
+    ids = range(6)
+    distances = [[10 if a == b else 40 if {a, b} == {0, 1} else 80 for b in ids] for a in ids]
+    gpus = [make_gpu("%04x:01:00.0" % (index + 8), index // 2, memory_node=index + 2) for index in range(4)]
+    return make_topology(nodes, distances=distances, gpus=gpus, **overrides)
+
+
+def memoryless_cpu_nodes(**overrides: Any) -> Dict[str, Any]:
+    """CPU nodes 0-1 without memory, served (HMAT) by CPU-less memory nodes 2-3; one GPU on each CPU node."""
+    nodes = [make_node(0, range(0, 16), has_memory=False, packages=[0], memory_nodes=[2]),
+             make_node(1, range(16, 32), has_memory=False, packages=[1], memory_nodes=[3]),
+             make_node(2, (), 128, 120, []), make_node(3, (), 128, 120, [])]
+    distances = [[10, 21, 12, 24], [21, 10, 24, 12], [12, 24, 10, 21], [24, 12, 21, 10]]
+    gpus = [make_gpu("0000:41:00.0", 0), make_gpu("0000:c1:00.0", 1)]
+    return make_topology(nodes, distances=distances, gpus=gpus, **overrides)
 
 
 def one_node_vm(**overrides: Any) -> Dict[str, Any]:

@@ -27,6 +27,7 @@ exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` an
 from __future__ import annotations
 
 from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
+from .engines import recipe
 from .errors import NumaError
 from .gpu_vendors import visibility_env
 from .kernel_files import is_kernel_number
@@ -119,6 +120,7 @@ class Request:
     on_unfit: str
     port_base: Optional[int]
     anchors: Optional[List[int]]
+    engine: str
 
     def __init__(self, **options: Any) -> None:
         unknown = sorted(set(options) - set(self.FIELDS))
@@ -141,6 +143,7 @@ class Request:
                             "0..%d" % (self.instance, self.instances, self.instances - 1))
         self.policy = _choice("policy", self.policy, CHOICES["policy"])
         self.on_unfit = _choice("on_unfit", self.on_unfit, CHOICES["on_unfit"])
+        self.engine = _choice("engine", self.engine, CHOICES["engine"])
         self.port_base = _port_base(self.port_base, self.instances)
         self.anchors = _anchors(self.anchors, self.instances, self.node)
 
@@ -360,14 +363,16 @@ class Plan(_Record):
     """
 
     # In to_dict() order (then cpulist and threads).
-    __slots__ = ("policy", "node", "mem_nodes", "cpu_nodes", "cpus", "gpus", "env", "instance", "instances",
-                 "port", "required_bytes", "available_bytes", "reasons", "inputs")
+    __slots__ = ("policy", "node", "mem_nodes", "cpu_nodes", "cpus", "gpus", "gpu_map", "engine", "env", "instance",
+                 "instances", "port", "required_bytes", "available_bytes", "reasons", "inputs")
     policy: str
     node: int
     mem_nodes: List[int]
     cpu_nodes: List[int]
     cpus: List[int]
     gpus: List[str]
+    gpu_map: List[Dict[str, Any]]
+    engine: Dict[str, Any]
     env: Dict[str, str]
     instance: int
     instances: int
@@ -406,14 +411,19 @@ def plan(topology: Dict[str, Any], request: Request) -> Plan:
     mine = placements[request.instance]
     cpus, cpu_reasons = _assign_cpus(hints, placements, request.instance, request.smt)
     env, env_reasons = _environment(hints, mine.gpus, len(cpus))
+    gpu_map, map_reasons = _gpu_map(hints, mine, cpus, request.smt)
+    # Spanning: the instance covers several nodes because its GPUs do (not only for memory).
+    engine = recipe(request.engine, gpu_map, len({entry["node"] for entry in gpu_map}) > 1
+                    and len(mine.cpu_nodes) > 1)
+    env.update(engine["env"])
     port = None if request.port_base is None else request.port_base + request.instance
     return Plan(
         policy=mine.policy, node=mine.anchor, mem_nodes=sorted(mine.mem_nodes),
         cpu_nodes=sorted(mine.cpu_nodes), cpus=cpus, gpus=[gpu["address"] for gpu in mine.gpus],
-        env=env, instance=request.instance, instances=request.instances, port=port,
-        required_bytes=request.required_bytes(), available_bytes=mine.available,
-        reasons=hints.reasons + notes + mine.reasons + cpu_reasons + env_reasons,
-        inputs=request.to_dict())
+        gpu_map=gpu_map, engine=engine, env=env, instance=request.instance, instances=request.instances,
+        port=port, required_bytes=request.required_bytes(), available_bytes=mine.available,
+        reasons=hints.reasons + notes + mine.reasons + cpu_reasons + env_reasons + map_reasons
+        + engine["reasons"], inputs=request.to_dict())
 
 
 def _check_fits_host(hints: _Hints, request: Request) -> None:
@@ -432,25 +442,29 @@ def _check_fits_host(hints: _Hints, request: Request) -> None:
 # ------------------------------------------------------------------ hints ---
 
 class _Node(_Record):
-    """A candidate node: usable CPUs (online, allowed, not reserved) and its memory in bytes."""
-    __slots__ = ("id", "cpus", "total", "available", "packages")
+    """A candidate node: usable CPUs (online, allowed, not reserved), the nodes whose memory serves
+    them (itself, or for a node without memory the ones HMAT or SLIT name), and their bytes."""
+    __slots__ = ("id", "cpus", "memory", "total", "packages")
     id: int
     cpus: Tuple[int, ...]
+    memory: Tuple[int, ...]
     total: int
-    available: int
     packages: Tuple[int, ...]
 
 
 class _Hints(_Record):
-    __slots__ = ("topology", "node_ids", "candidates", "excluded", "distances", "far", "core_of", "gpus", "reasons")
+    __slots__ = ("topology", "node_ids", "candidates", "available", "excluded", "distances", "far", "core_of",
+                 "gpus", "nics", "reasons")
     topology: Dict[str, Any]
     node_ids: List[int]                  # every node of the topology, sorted
     candidates: Dict[int, _Node]         # usable nodes by id
+    available: Dict[int, int]            # bytes available on each node serving a candidate's memory
     excluded: Dict[int, str]             # node id -> why it is not usable
     distances: Dict[Tuple[int, int], int]
     far: int                             # an unknown distance: the farthest known one
     core_of: Dict[int, Tuple[int, ...]]  # cpu -> its SMT sibling group
     gpus: List[Dict[str, Any]]           # every GPU the topology lists, PCI order
+    nics: List[Dict[str, Any]]           # every NIC the topology lists
     reasons: List[str]
 
     def distance(self, source: int, target: int) -> int:
@@ -459,6 +473,16 @@ class _Hints(_Record):
     def nearest_first(self, anchor: int, nodes: List[int]) -> List[int]:
         """anchor first, then by SLIT distance from it, ties by lowest id."""
         return sorted(nodes, key=lambda node: (node != anchor, self.distance(anchor, node), node))
+
+    def topology_node(self, node: int) -> Dict[str, Any]:
+        return next(record for record in self.topology.get("nodes") or [] if record.get("id") == node)
+
+    def memory_of(self, nodes: List[int]) -> List[int]:
+        """The memory nodes serving the candidate nodes ``nodes``, in their order, each once."""
+        result = []  # type: List[int]
+        for node in nodes:
+            result.extend(memory for memory in self.candidates[node].memory if memory not in result)
+        return result
 
 
 def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
@@ -469,23 +493,29 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
     mems_text = cpus_info.get("mems_allowed") or ""
     mems_allowed = set(parse_cpulist(mems_text)) if mems_text else None
     reserved = set(request.reserve_cpus)
+    by_id = {node["id"]: node for node in nodes}
     candidates = {}
     excluded = {}
     for node in nodes:
         usable = tuple(sorted(set(node.get("cpus") or []) & allowed - reserved))
-        why = _unusable(node, usable, allowed, mems_allowed, mems_text, request.reserve_cpus)
+        listed = _serving_memory(node, by_id)
+        memory = tuple(serving for serving in listed if mems_allowed is None or serving in mems_allowed)
+        why = _unusable(node, usable, allowed, listed, memory, mems_text, request.reserve_cpus)
         if why:
             excluded[node["id"]] = why
         else:
             candidates[node["id"]] = _Node(
-                id=node["id"], cpus=usable, total=(node.get("memory_total_kb") or 0) * 1024,
-                available=(node.get("memory_available_kb") or 0) * 1024,
+                id=node["id"], cpus=usable, memory=memory,
+                total=sum(_kb_bytes(by_id[serving], "memory_total_kb") for serving in memory),
                 packages=tuple(sorted(node.get("packages") or [])))
+    available = {serving: _kb_bytes(by_id[serving], "memory_available_kb")
+                 for node in candidates.values() for serving in node.memory}
     distances = _distance_table(topology, nodes)
     hints = _Hints(topology=topology, node_ids=[node["id"] for node in nodes], candidates=candidates,
-                   excluded=excluded, distances=distances, far=max(distances.values(), default=REMOTE_DISTANCE),
-                   core_of=_sibling_groups(cpus_info), gpus=sorted(topology.get("gpus") or [],
-                                                                   key=lambda gpu: gpu["address"]),
+                   available=available, excluded=excluded, distances=distances,
+                   far=max(distances.values(), default=REMOTE_DISTANCE), core_of=_sibling_groups(cpus_info),
+                   gpus=sorted(topology.get("gpus") or [], key=lambda gpu: gpu["address"]),
+                   nics=list(topology.get("nics") or []),
                    reasons=_cpuset_reasons(online, allowed, request.reserve_cpus))
     hints.reasons.append(_candidate_reason(hints))
     if not candidates:
@@ -508,15 +538,34 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _unusable(node: Dict[str, Any], usable: Tuple[int, ...], allowed: set, mems_allowed: Optional[set],
-              mems_text: str, reserved: List[int]) -> Optional[str]:
+def _serving_memory(node: Dict[str, Any], by_id: Dict[int, Dict[str, Any]]) -> Tuple[int, ...]:
+    """The nodes whose memory the node's CPUs use: facts' memory_nodes; in a topology made by hand
+    without them, the node itself unless it says it has no memory."""
+    listed = node.get("memory_nodes")
+    if not isinstance(listed, list):
+        listed = [node["id"]] if node.get("has_memory", True) else []
+    return tuple(serving for serving in listed if _is_number(serving) and serving in by_id)
+
+
+def _kb_bytes(node: Dict[str, Any], field: str) -> int:
+    value = node.get(field)
+    return value * 1024 if _is_number(value) and value > 0 else 0
+
+
+def _unusable(node: Dict[str, Any], usable: Tuple[int, ...], allowed: set, listed: Tuple[int, ...],
+              memory: Tuple[int, ...], mems_text: str, reserved: List[int]) -> Optional[str]:
+    """Why the node cannot be used, or None; ``listed``: the memory serving it, ``memory``: what the
+    cpuset allows of that."""
     cpus = node.get("cpus") or []
     if not cpus:
         return "no CPUs (memory-only node)"
-    if not node.get("has_memory", True):
-        return "no memory (CPU-only node)"
-    if mems_allowed is not None and node["id"] not in mems_allowed:
+    if not listed:
+        return "no memory, and no node's memory is known to serve it (CPU-only node)"
+    if not memory and listed == (node["id"],):
         return "its memory is not allowed by the cpuset (mems_allowed %s)" % mems_text
+    if not memory:
+        return "the memory serving it (node(s) %s) is not allowed by the cpuset (mems_allowed %s)" % (
+            format_cpulist(listed), mems_text)
     if not usable and not set(cpus) & allowed:
         return "its CPUs %s are not allowed by the cpuset (allowed %s)" % (
             format_cpulist(cpus), format_cpulist(allowed))
@@ -593,7 +642,7 @@ class _Placement(_Record):
 
 
 class _State(_Record):
-    """What the instances simulated so far left: free bytes and instance count per node."""
+    """What the instances simulated so far left: free bytes per memory node, instance count per node."""
     __slots__ = ("free", "load")
     free: Dict[int, int]
     load: Dict[int, int]
@@ -616,8 +665,7 @@ def _simulate(hints: _Hints, request: Request) -> Tuple[List[Optional[_Placement
     Another instance that cannot be placed is left out (it fails on its own plan)
     so that each instance's plan stands on its own merits.
     """
-    state = _State(free={node: info.available for node, info in hints.candidates.items()},
-                   load={node: 0 for node in hints.candidates})
+    state = _State(free=dict(hints.available), load={node: 0 for node in hints.candidates})
     placements = []
     notes = []
     required = request.required_bytes()
@@ -647,11 +695,42 @@ def _for_instance(error: PlacementError, index: int, instances: int) -> Placemen
 
 def _place_instance(hints: _Hints, request: Request, index: int, state: _State) -> _Placement:
     gpus, reasons = _gpus_for_instance(hints, request, index)
-    anchor, anchor_reasons = _choose_anchor(hints, request, gpus, state, index)
-    memory = _place_memory(hints, request, anchor, state)
+    span = _spanned_nodes(hints, request, gpus)
+    if span:
+        anchor, anchor_reasons = _gpu_anchor(hints, gpus)
+        base = _span_base(hints, request, anchor, span)
+        memory = _place_memory(hints, request, anchor, state, base)
+        anchor_reasons.append(_span_reason(hints, gpus, base))
+    else:
+        anchor, anchor_reasons = _choose_anchor(hints, request, gpus, state, index)
+        memory = _place_memory(hints, request, anchor, state)
     memory.gpus = gpus
     memory.reasons = reasons + anchor_reasons + memory.reasons
     return memory
+
+
+def _spanned_nodes(hints: _Hints, request: Request, gpus: List[Dict[str, Any]]) -> List[int]:
+    """The usable nodes local to the instance's GPUs when there are several (none else): the
+    instance spans them. A node the request fixes (node, anchors) overrides GPU locality."""
+    if request.node is not None or request.anchors is not None:
+        return []
+    nodes = sorted({node for node in (_gpu_node(hints, gpu)[0] for gpu in gpus) if node is not None})
+    return nodes if len(nodes) > 1 else []
+
+
+def _span_base(hints: _Hints, request: Request, anchor: int, span: List[int]) -> List[int]:
+    """The nodes a spanning instance occupies at least: its GPUs' nodes, or their whole packages."""
+    nodes = set(span)
+    if request.scope == "socket":
+        nodes.update(member for node in span for member in _package_nodes(hints, node))
+    return hints.nearest_first(anchor, sorted(nodes))
+
+
+def _span_reason(hints: _Hints, gpus: List[Dict[str, Any]], base: List[int]) -> str:
+    local = ", ".join("%s on node %s" % (gpu["address"], _gpu_node(hints, gpu)[0]) for gpu in gpus)
+    return ("the instance's GPUs span nodes %s (%s): the process gets the CPUs and memory of all of them, "
+            "never one node's; binding each worker next to its GPU is handed to the engine (gpu_map, engine)"
+            % (format_cpulist(base), local))
 
 
 # ------------------------------------------------------------------- GPUs ---
@@ -676,7 +755,22 @@ def _gpus_for_instance(hints: _Hints, request: Request, index: int) -> Tuple[Lis
         raise PlacementError("gpus=%d per instance needs GPUs %d..%d for instance %d but this host has %d "
                              "GPU(s): lower gpus or instances" % (
                                  selection, first, first + selection - 1, index, len(gpus)))
-    return gpus[first:first + selection], reasons
+    grouped = _node_ordered(hints, gpus)
+    if selection > 1 and grouped != gpus:
+        reasons.append("GPUs taken %d per instance in node order, one node's GPUs first: %s" % (
+            selection, ", ".join(gpu["address"] for gpu in grouped)))
+    return grouped[first:first + selection], reasons
+
+
+def _node_ordered(hints: _Hints, gpus: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The GPUs by package, then node, then PCI address (those of no known node last), so that
+    consecutive GPUs share a node, then a socket, wherever the PCI numbering interleaves them."""
+    def key(gpu: Dict[str, Any]) -> Tuple[int, int, int, str]:
+        node = _gpu_node(hints, gpu)[0]
+        if node is None:
+            return (1, 0, 0, gpu["address"])
+        return (0, min(hints.candidates[node].packages or (0,)), node, gpu["address"])
+    return sorted(gpus, key=key)
 
 
 def _gpus_by_address(hints: _Hints, addresses: List[str]) -> List[Dict[str, Any]]:
@@ -766,7 +860,7 @@ def _score_anchor(hints: _Hints, request: Request, state: _State) -> Tuple[int, 
     pool = sorted(hints.candidates)
     if required is not None:
         fitting = [node for node in pool
-                   if sum(state.free[base] for base in _scope_nodes(hints, request, node)) >= required]
+                   if _free(hints, state, _scope_nodes(hints, request, node)) >= required]
         pool = fitting or pool
     best, best_score = pool[0], _score(hints, state, pool[0])
     for node in pool[1:]:  # ascending: a tie keeps the lower id
@@ -775,7 +869,7 @@ def _score_anchor(hints: _Hints, request: Request, state: _State) -> Tuple[int, 
             best, best_score = node, score
     numerator, denominator = best_score
     total = hints.candidates[best].total
-    free_percent = 100 * state.free[best] // total if total else 0
+    free_percent = 100 * _free(hints, state, [best]) // total if total else 0
     reason = "node %d chosen by memory score %.3f: %d%% of its memory available, %d instance(s) already there" % (
         best, numerator / denominator, free_percent, state.load[best])
     if len(pool) < len(hints.candidates):
@@ -786,7 +880,7 @@ def _score_anchor(hints: _Hints, request: Request, state: _State) -> Tuple[int, 
 def _score(hints: _Hints, state: _State, node: int) -> Tuple[int, int]:
     """The node's score, exactly: (numerator, denominator > 0). A node without a memory total has no free share."""
     total = hints.candidates[node].total
-    free = state.free[node] if total else 0
+    free = _free(hints, state, [node]) if total else 0
     total = total or 1
     spread = state.load[node] + 1
     # MEMORY_FIFTHS/5 * free/total + SPREAD_FIFTHS/5 * 1/spread, over one denominator.
@@ -814,26 +908,33 @@ def _package_nodes(hints: _Hints, anchor: int) -> List[int]:
     return hints.nearest_first(anchor, members)
 
 
-def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State) -> _Placement:
-    base = _scope_nodes(hints, request, anchor)
+def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State,
+                  span: Optional[List[int]] = None) -> _Placement:
+    """Memory policy and nodes around ``anchor``; ``span``: the nodes of a spanning instance's GPUs,
+    which it covers whole and is never bound to one node of (auto interleaves over them)."""
+    base = span or _scope_nodes(hints, request, anchor)
     required = request.required_bytes()
     if request.policy == "preferred":
         return _preferred(hints, request, anchor, base, state)
     if required is None:
-        return _unsized(hints, request, anchor, base, state)
+        return _unsized(hints, request, anchor, base, state, span is not None)
     fitting = _minimal_fit(hints, anchor, base, state, required)
     base_fits = fitting is not None and len(fitting) == len(base)
+    if base_fits and span and request.policy == "auto":
+        return _interleave(hints, anchor, base, state, [
+            "%s fits %s (%s available): interleaving over the GPUs' nodes" % (
+                _need(request), _nodes_text(base), format_size(_free(hints, state, base)))])
     if base_fits and request.policy != "interleave":
         return _memory(hints, "bind", anchor, base, state, [
             "%s fits %s (%s available): binding" % (_need(request), _nodes_text(base),
-                                                    format_size(_free(state, base)))])
+                                                    format_size(_free(hints, state, base)))])
     if fitting is None:
         pool = hints.nearest_first(anchor, list(hints.candidates))
         raise PlacementError("%s does not fit even all usable node(s) %s together (%s available; "
                              "%d bytes needed): free memory, use a smaller model or a lower "
                              "memory_headroom, or leave model_size unset to skip the fit check" % (
                                  _need(request), format_cpulist(pool),
-                                 format_size(_free(state, pool)), required))
+                                 format_size(_free(hints, state, pool)), required))
     if request.policy == "interleave":
         return _interleave(hints, anchor, fitting, state, [
             "interleave requested: %s fits interleaved over %s, the fewest nodes nearest to node %d"
@@ -842,12 +943,12 @@ def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State) -
         raise PlacementError("%s does not fit %s (%s available; %d bytes needed) and on_unfit is 'fail': "
                              "set on_unfit to 'interleave' to spread it over nodes %s, free memory, or "
                              "use a smaller model or memory_headroom" % (
-                                 _need(request), _nodes_text(base), format_size(_free(state, base)),
+                                 _need(request), _nodes_text(base), format_size(_free(hints, state, base)),
                                  required, format_cpulist(fitting)))
     return _interleave(hints, anchor, fitting, state, [
         "%s does not fit %s (%s available); interleaving over nodes %s (nearest by SLIT, %s available)"
-        % (_need(request), _nodes_text(base), format_size(_free(state, base)), format_cpulist(fitting),
-           format_size(_free(state, fitting)))])
+        % (_need(request), _nodes_text(base), format_size(_free(hints, state, base)), format_cpulist(fitting),
+           format_size(_free(hints, state, fitting)))])
 
 
 def _minimal_fit(hints: _Hints, anchor: int, base: List[int], state: _State,
@@ -856,26 +957,31 @@ def _minimal_fit(hints: _Hints, anchor: int, base: List[int], state: _State,
     others = [node for node in hints.candidates if node not in base]
     order = base + hints.nearest_first(anchor, others)
     for length in range(len(base), len(order) + 1):
-        if _free(state, order[:length]) >= required:
+        if _free(hints, state, order[:length]) >= required:
             return order[:length]
     return None
 
 
 def _preferred(hints: _Hints, request: Request, anchor: int, base: List[int], state: _State) -> _Placement:
     required = request.required_bytes()
-    free = state.free[anchor]
+    memory = hints.memory_of([anchor])[0]  # a node without memory: the nearest that serves it
+    free = state.free[memory]
     if required is None:
-        why = "preferred memory on node %d (model size unknown)" % anchor
+        why = "preferred memory on node %d (model size unknown)" % memory
     elif free >= required:
-        why = "preferred memory on node %d: %s fits (%s available)" % (anchor, _need(request), format_size(free))
+        why = "preferred memory on node %d: %s fits (%s available)" % (memory, _need(request), format_size(free))
     else:
         why = ("preferred memory on node %d: %s does not fit (%s available); the kernel spills the rest "
-               "to other nodes" % (anchor, _need(request), format_size(free)))
-    return _Placement(anchor=anchor, policy="preferred", mem_nodes=[anchor], cpu_nodes=base, gpus=[],
-                      available=free, reasons=[why])
+               "to other nodes" % (memory, _need(request), format_size(free)))
+    return _Placement(anchor=anchor, policy="preferred", mem_nodes=[memory], cpu_nodes=base, gpus=[],
+                      available=free, reasons=_served_by(hints, [anchor]) + [why])
 
 
-def _unsized(hints: _Hints, request: Request, anchor: int, base: List[int], state: _State) -> _Placement:
+def _unsized(hints: _Hints, request: Request, anchor: int, base: List[int], state: _State,
+             spanning: bool) -> _Placement:
+    if spanning and request.policy != "bind":
+        return _interleave(hints, anchor, base, state, [
+            "model size unknown: interleaving over the GPUs' nodes %s" % format_cpulist(base)])
     if request.policy == "interleave":
         package = _package_nodes(hints, anchor)
         return _interleave(hints, anchor, package, state, [
@@ -887,10 +993,11 @@ def _unsized(hints: _Hints, request: Request, anchor: int, base: List[int], stat
 
 def _interleave(hints: _Hints, anchor: int, nodes: List[int], state: _State, reasons: List[str]) -> _Placement:
     weights = (hints.topology.get("kernel") or {}).get("weighted_interleave")
+    memory = hints.memory_of(nodes)
     known = {}
     if isinstance(weights, dict):
-        known = {node: weights[str(node)] for node in nodes if str(node) in weights}
-    if len(nodes) > 1 and len(set(known.values())) > 1:
+        known = {node: weights[str(node)] for node in memory if str(node) in weights}
+    if len(memory) > 1 and len(set(known.values())) > 1:
         reasons = reasons + ["kernel interleave weights differ (%s): using weighted interleave" % ", ".join(
             "node %d: %s" % (node, known[node]) for node in sorted(known))]
         return _memory(hints, "weighted-interleave", anchor, nodes, state, reasons)
@@ -899,12 +1006,27 @@ def _interleave(hints: _Hints, anchor: int, nodes: List[int], state: _State, rea
 
 def _memory(hints: _Hints, policy: str, anchor: int, nodes: List[int], state: _State,
             reasons: List[str]) -> _Placement:
-    return _Placement(anchor=anchor, policy=policy, mem_nodes=list(nodes), cpu_nodes=list(nodes), gpus=[],
-                      available=_free(state, nodes), reasons=reasons)
+    """The placement of ``policy`` on the CPUs of ``nodes`` and the memory serving them."""
+    return _Placement(anchor=anchor, policy=policy, mem_nodes=hints.memory_of(nodes), cpu_nodes=list(nodes),
+                      gpus=[], available=_free(hints, state, nodes), reasons=_served_by(hints, nodes) + reasons)
 
 
-def _free(state: _State, nodes: List[int]) -> int:
-    return sum(state.free[node] for node in nodes)
+def _served_by(hints: _Hints, nodes: List[int]) -> List[str]:
+    """A reason for each of ``nodes`` whose CPUs use other nodes' memory (a node without its own)."""
+    reasons = []
+    for node in nodes:
+        memory = hints.candidates[node].memory
+        if memory != (node,):
+            source = (hints.topology_node(node).get("memory_from") or "facts").upper()
+            reasons.append("node %d has no memory of its own: its memory is node(s) %s (%s)" % (
+                node, format_cpulist(memory), "HMAT" if source == "HMAT" else
+                "nearest by SLIT" if source == "SLIT" else source.lower()))
+    return reasons
+
+
+def _free(hints: _Hints, state: _State, nodes: List[int]) -> int:
+    """Bytes left on the memory serving the candidate nodes ``nodes``."""
+    return sum(state.free[memory] for memory in hints.memory_of(nodes))
 
 
 def _need(request: Request) -> str:
@@ -960,6 +1082,49 @@ def _cores(hints: _Hints, node: int) -> List[Tuple[int, ...]]:
         group = hints.core_of.get(cpu, (cpu,))
         cores.add(tuple(sibling for sibling in group if sibling in usable))
     return sorted(cores)
+
+
+# ---------------------------------------------------------------- GPU map ---
+
+def _gpu_map(hints: _Hints, placement: _Placement, cpus: List[int],
+             smt: bool) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """Per GPU of the instance, in the order the server sees them: the node, CPUs and memory node
+    for the worker that drives it, the GPU's own memory node, and the NICs on its node.
+
+    Workers of GPUs on one node split the instance's CPUs there by core, in GPU order. A GPU of no
+    known node gets the instance's anchor node; one whose node is not the instance's, all its CPUs.
+    """
+    mine = set(cpus)
+    nodes = []  # type: List[int]
+    reasons = []
+    for gpu in placement.gpus:
+        node = _gpu_node(hints, gpu)[0]
+        if node is None:
+            node = placement.anchor
+            reasons.append("gpu_map: GPU %s has no known node; its worker goes with the instance on node %d"
+                           % (gpu["address"], node))
+        nodes.append(node)
+    result = []
+    for position, (gpu, node) in enumerate(zip(placement.gpus, nodes)):
+        local = sorted(mine & set(hints.candidates[node].cpus))
+        sharing = [other for other, other_node in enumerate(nodes) if other_node == node]
+        worker_cpus = _core_share(hints, local, sharing.index(position), len(sharing), smt) if local else cpus
+        memory = [serving for serving in hints.memory_of([node]) if serving in placement.mem_nodes]
+        result.append({
+            "gpu": gpu["address"], "node": node, "cpulist": format_cpulist(worker_cpus),
+            "mem_nodes": memory or sorted(placement.mem_nodes), "memory_node": gpu.get("memory_node"),
+            "nics": [{"address": nic.get("address"), "name": nic.get("name"), "rdma_name": nic.get("rdma_name")}
+                     for nic in hints.nics if nic.get("numa_node") == node],
+        })
+    return result, reasons
+
+
+def _core_share(hints: _Hints, cpus: List[int], rank: int, sharers: int, smt: bool) -> List[int]:
+    """Share ``rank`` of ``sharers`` of ``cpus`` by physical core (all of them when cores are fewer)."""
+    cores = sorted({tuple(sibling for sibling in hints.core_of.get(cpu, (cpu,)) if sibling in cpus) for cpu in cpus})
+    if len(cores) >= sharers:
+        cores = cores[rank * len(cores) // sharers:(rank + 1) * len(cores) // sharers]
+    return sorted(cpu for core in cores for cpu in (core if smt else core[:1]))
 
 
 # -------------------------------------------------------------------- env ---

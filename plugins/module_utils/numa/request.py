@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 
+from .engines import ENGINES, GENERIC
 from .errors import NumaError
 
 TYPE_CHECKING = False
@@ -90,6 +91,8 @@ OPTIONS = (
     Option("port_base", "int", "{port} becomes port_base + instance"),
     Option("anchors", "str", "node of each instance in instance order, e.g. 0,1, as planned at deploy time "
                              "from one snapshot (memory fit is still checked now)"),
+    Option("engine", "str", "the inference engine, whose own NUMA switches the plan sets so they agree with "
+                            "numa-pin's binding (docs/engines.md)", default=GENERIC, choices=ENGINES),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 DEFAULTS = {option.name: option.default for option in OPTIONS}

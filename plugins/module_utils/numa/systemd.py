@@ -52,8 +52,8 @@ SYSTEMD_POLICIES = {"bind": "bind", "preferred": "preferred", "interleave": "int
 SYSTEMD_NUMA_MIN_VERSION = 243
 # The Plan keys that describe a placement; the rest (free memory, reasons) move
 # between two runs on an idle host and would restart services for nothing.
-PLAN_RECORD_KEYS = ("policy", "mem_nodes", "cpu_nodes", "node", "cpus", "cpulist", "threads", "gpus", "env",
-                    "instance", "instances", "port", "required_bytes", "inputs")
+PLAN_RECORD_KEYS = ("policy", "mem_nodes", "cpu_nodes", "node", "cpus", "cpulist", "threads", "gpus", "gpu_map",
+                    "engine", "env", "instance", "instances", "port", "required_bytes", "inputs")
 
 
 def _reject_forbidden(text: str, what: str) -> None:
@@ -310,6 +310,8 @@ def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
     changes. Recording it would restart the instance whenever another node scored better.
     """
     record = dict((key, plan[key]) for key in PLAN_RECORD_KEYS if key in plan)
+    if isinstance(record.get("engine"), dict):  # what the engine is told, not the words for it
+        record["engine"] = dict((key, value) for key, value in record["engine"].items() if key != "reasons")
     if len(plan.get("mem_nodes") or ()) > 1:
         record.pop("node", None)
     return record

@@ -1,7 +1,7 @@
-"""``{threads}``-style tokens in a server's argv, filled from a plan.
+"""The server's command from a plan: ``{threads}``-style tokens filled, the engine's arguments added.
 
-numa-pin fills them at every start (wrapper mode), the inference_service role
-at deploy time (systemd mode); both call this one function.
+numa-pin does it at every start (wrapper mode), the inference_service role
+at deploy time (systemd mode); both call server_command.
 """
 from __future__ import annotations
 
@@ -9,9 +9,17 @@ from .errors import NumaError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Mapping, Sequence
+    from typing import Any, List, Mapping, Sequence, Tuple
 
 TOKENS = ("threads", "node", "cpulist", "instance", "port")
+
+
+def server_command(argv: Sequence[str], plan: Mapping[str, Any]) -> Tuple[List[str], List[str]]:
+    """(the server's argv: the tokens filled from the plan, then the engine recipe's arguments; the
+    recipe's flags the command already gave). numa-pin exec and the role's systemd mode share it."""
+    from .engines import with_engine_args
+
+    return with_engine_args(substitute_tokens(argv, plan), (plan.get("engine") or {}).get("args") or [])
 
 
 def substitute_tokens(argv: Sequence[str], plan: Mapping[str, Any]) -> List[str]:

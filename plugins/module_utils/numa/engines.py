@@ -1,0 +1,137 @@
+"""Engine recipes: what an inference engine needs to hear so its own NUMA binding and ours agree.
+
+A plan binds the whole server process (CPU affinity and memory policy, inherited by every
+worker it spawns). That is the whole job for an instance on one node. An instance whose GPUs
+hang off several nodes gets the union of them instead, and binding each worker next to its GPU
+is the engine's: the plan's ``gpu_map`` says, per GPU in the order the server sees them (the
+visibility variable's order), the node, CPUs and memory node for its worker. A recipe turns that
+into the engine's own switches, or turns the engine's binder off where ours binds everything,
+so that two binders never fight:
+
+- ``generic``: nothing; the plan's binding only.
+- ``llama.cpp``: ``--numa numactl``, llama.cpp's mode that keeps to the CPU set it was started
+  with (its other modes spread or move threads over the nodes they choose).
+- ``vllm``: spanning, ``--numa-bind`` with ``--numa-bind-nodes`` and ``--numa-bind-cpus`` from the
+  map (vLLM runs each worker under ``numactl --physcpubind --membind``, so it needs numactl and the
+  spawn start method); on one node, nothing: vLLM binds only when asked.
+- ``sglang``: spanning, ``--numa-node`` from the map (SGLang runs each worker under numactl);
+  on one node, ``SGLANG_AUTO_NUMA_BIND=0`` so its NVML-driven binder does not rebind the workers.
+- ``trtllm``: spanning, ``TLLM_NUMA_AWARE_WORKER_AFFINITY=1`` (each rank's affinity set to its
+  GPU's node); on one node ``0``: unset, TensorRT-LLM clears an affinity it finds constrained.
+
+docs/engines.md records the engine versions each recipe was checked against. numa-pin exec
+imports this module at every start: standard library only, ``typing`` for type checkers.
+"""
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+GENERIC = "generic"
+ENGINES = (GENERIC, "llama.cpp", "vllm", "sglang", "trtllm")
+
+
+def recipe(engine: str, gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Dict[str, Any]:
+    """The engine's part of a plan: {engine, args, env, requires, reasons}; ``args`` go after the
+    server's own arguments, ``env`` into its environment, ``requires`` names programs it runs."""
+    build = _RECIPES[engine]
+    args, env, requires, reasons = build(gpu_map, spanning)
+    return {"engine": engine, "args": args, "env": env, "requires": requires, "reasons": reasons}
+
+
+def _generic(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
+                                                                           List[str], List[str]]:
+    if spanning:
+        return [], {}, [], ["engine generic: the process has the CPUs and memory of every GPU's node; name the "
+                            "engine (vllm, sglang, trtllm) to bind each worker next to its GPU"]
+    return [], {}, [], []
+
+
+def _llama_cpp(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
+                                                                             List[str], List[str]]:
+    return ["--numa", "numactl"], {}, [], [
+        "engine llama.cpp: --numa numactl keeps its threads on the CPUs numa-pin gave the process"]
+
+
+def _vllm(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
+                                                                        List[str], List[str]]:
+    if not spanning:
+        return [], {}, [], ["engine vllm: --numa-bind stays off, numa-pin binds the whole process"]
+    nodes = [str(_worker_memory_node(gpu)) for gpu in gpu_map]
+    cpus = [gpu["cpulist"] for gpu in gpu_map]
+    return (["--numa-bind", "--numa-bind-nodes"] + nodes + ["--numa-bind-cpus"] + cpus,
+            {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}, ["numactl"],
+            ["engine vllm: --numa-bind runs worker i under numactl --physcpubind=<cpus i> --membind=<node i>, "
+             "from the gpu_map (nodes %s)" % " ".join(nodes)])
+
+
+def _sglang(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
+                                                                          List[str], List[str]]:
+    if not spanning:
+        return [], {"SGLANG_AUTO_NUMA_BIND": "0"}, [], [
+            "engine sglang: its automatic per-GPU binding is off (SGLANG_AUTO_NUMA_BIND=0), numa-pin binds "
+            "the whole process"]
+    nodes = [str(gpu["node"]) for gpu in gpu_map]
+    return ["--numa-node"] + nodes, {"SGLANG_NUMA_BIND_V2": "1"}, ["numactl"], [
+        "engine sglang: --numa-node %s runs worker i under numactl on its GPU's node" % " ".join(nodes)]
+
+
+def _trtllm(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
+                                                                          List[str], List[str]]:
+    if not spanning:
+        return [], {"TLLM_NUMA_AWARE_WORKER_AFFINITY": "0"}, [], [
+            "engine trtllm: TLLM_NUMA_AWARE_WORKER_AFFINITY=0 keeps the affinity numa-pin set (unset, "
+            "TensorRT-LLM clears an affinity it finds constrained)"]
+    return [], {"TLLM_NUMA_AWARE_WORKER_AFFINITY": "1"}, [], [
+        "engine trtllm: TLLM_NUMA_AWARE_WORKER_AFFINITY=1 sets each rank's CPU affinity to its GPU's node"]
+
+
+def _worker_memory_node(gpu: Mapping[str, Any]) -> int:
+    """The one node a worker's memory is bound to: the nearest serving its GPU's CPUs."""
+    return gpu["mem_nodes"][0]
+
+
+_RECIPES = {
+    GENERIC: _generic,
+    "llama.cpp": _llama_cpp,
+    "vllm": _vllm,
+    "sglang": _sglang,
+    "trtllm": _trtllm,
+}
+
+
+def missing_programs(programs: Sequence[str], path: str) -> List[str]:
+    """The ``programs`` no directory of ``path`` (a PATH value) holds as an executable file."""
+    import os
+
+    directories = [directory for directory in path.split(os.pathsep) if directory]
+    return [program for program in programs
+            if not any(os.path.isfile(os.path.join(directory, program))
+                       and os.access(os.path.join(directory, program), os.X_OK) for directory in directories)]
+
+
+def with_engine_args(argv: Sequence[str], args: Sequence[str]) -> Tuple[List[str], List[str]]:
+    """(``argv`` with the recipe's ``args`` after it, the recipe's flags left out): a flag the
+    command already gives, in either ``--flag value`` or ``--flag=value`` form, stays as the
+    command has it, and its values with it."""
+    given = {arg.partition("=")[0] for arg in argv[1:] if arg.startswith("--")}
+    added = []  # type: List[str]
+    kept = []  # type: List[str]
+    for group in _flag_groups(args):
+        if group[0] in given:
+            kept.append(group[0])
+        else:
+            added.extend(group)
+    return list(argv) + added, kept
+
+
+def _flag_groups(args: Sequence[str]) -> List[List[str]]:
+    """``["--a", "1", "2", "--b"]`` -> ``[["--a", "1", "2"], ["--b"]]``."""
+    groups = []  # type: List[List[str]]
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups

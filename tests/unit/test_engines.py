@@ -1,0 +1,145 @@
+"""Engine recipes: each engine's switches from the plan's map, and numa-pin exec handing them over.
+
+The flags are the ones docs/engines.md records with the engine versions they were checked against.
+"""
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli
+from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import (ENGINES, missing_programs, recipe,
+                                                                                 with_engine_args)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import server_command
+
+from tests.unit import topo_factory as tf
+
+PACKAGE_PARENT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "plugins", "module_utils")
+
+
+def spanning(engine, **options):
+    return plan(tf.dgx_like(), Request(gpus=8, engine=engine, **options))
+
+
+def one_node(engine):
+    return plan(tf.dgx_like(), Request(gpus=4, instances=2, instance=1, engine=engine))
+
+
+def test_vllm_spanning_binds_each_worker_by_the_map():
+    result = spanning("vllm")
+    nodes = [str(entry["mem_nodes"][0]) for entry in result.gpu_map]
+    cpus = [entry["cpulist"] for entry in result.gpu_map]
+    assert result.engine["args"] == ["--numa-bind", "--numa-bind-nodes"] + nodes + ["--numa-bind-cpus"] + cpus
+    assert nodes == ["0"] * 4 + ["1"] * 4
+    assert result.engine["requires"] == ["numactl"]
+    assert result.env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+
+
+def test_vllm_binds_memory_less_cpu_nodes_workers_to_their_memory_node():
+    result = plan(tf.memoryless_cpu_nodes(), Request(gpus=2, engine="vllm"))
+    assert result.engine["args"] == ["--numa-bind", "--numa-bind-nodes", "2", "3", "--numa-bind-cpus", "0-15", "16-31"]
+
+
+def test_sglang_spanning_names_each_gpus_node():
+    result = spanning("sglang")
+    assert result.engine["args"] == ["--numa-node"] + [str(entry["node"]) for entry in result.gpu_map]
+    assert result.engine["requires"] == ["numactl"] and result.env["SGLANG_NUMA_BIND_V2"] == "1"
+
+
+def test_trtllm_spanning_turns_its_per_rank_affinity_on():
+    result = spanning("trtllm")
+    assert result.engine["args"] == [] and result.env["TLLM_NUMA_AWARE_WORKER_AFFINITY"] == "1"
+
+
+@pytest.mark.parametrize("engine, env", [("vllm", {}), ("sglang", {"SGLANG_AUTO_NUMA_BIND": "0"}),
+                                         ("trtllm", {"TLLM_NUMA_AWARE_WORKER_AFFINITY": "0"}), ("generic", {})])
+def test_on_one_node_the_engines_own_binder_stays_off(engine, env):
+    result = one_node(engine)
+    assert result.engine["args"] == [] and result.engine["requires"] == [] and result.engine["env"] == env
+    assert all(result.env[name] == value for name, value in env.items())
+
+
+def test_llama_cpp_keeps_to_the_cpus_it_was_given():
+    for result in (one_node("llama.cpp"), spanning("llama.cpp")):
+        assert result.engine["args"] == ["--numa", "numactl"] and result.engine["requires"] == []
+
+
+def test_every_engine_explains_itself_when_it_spans():
+    for engine in ENGINES:
+        assert spanning(engine).engine["reasons"], engine
+
+
+def test_recipe_is_part_of_the_plan_and_its_reasons():
+    result = spanning("vllm").to_dict()
+    assert result["engine"]["engine"] == "vllm"
+    assert set(result["engine"]["reasons"]) <= set(result["reasons"])
+    json.dumps(result)
+
+
+def test_an_unknown_engine_is_refused_with_the_choices():
+    with pytest.raises(NumaError, match="unknown engine 'tgi': choose one of generic, llama.cpp, vllm, sglang, trtllm"):
+        Request(engine="tgi")
+
+
+def test_recipe_of_an_empty_map_adds_nothing_but_llama_cpps_mode():
+    assert recipe("vllm", [], False)["args"] == [] and recipe("llama.cpp", [], False)["args"] == ["--numa", "numactl"]
+
+
+# ------------------------------------------------------------- the command ---
+
+def test_engine_args_go_after_the_servers_own():
+    assert with_engine_args(["vllm", "serve", "m"], ["--numa-bind", "--numa-bind-nodes", "0", "1"]) == (
+        ["vllm", "serve", "m", "--numa-bind", "--numa-bind-nodes", "0", "1"], [])
+
+
+@pytest.mark.parametrize("given", [["--numa-bind-nodes", "1", "1"], ["--numa-bind-nodes=1"]])
+def test_a_flag_the_command_gives_is_kept_with_its_values(given):
+    argv, kept = with_engine_args(["vllm", "serve", "m"] + given,
+                                  ["--numa-bind", "--numa-bind-nodes", "0", "1", "--numa-bind-cpus", "0-3", "4-7"])
+    assert argv == ["vllm", "serve", "m"] + given + ["--numa-bind", "--numa-bind-cpus", "0-3", "4-7"]
+    assert kept == ["--numa-bind-nodes"]
+
+
+def test_the_command_is_tokens_then_engine_args():
+    result = spanning("llama.cpp", port_base=9000)
+    argv, kept = server_command(["llama-server", "--port", "{port}", "-t", "{threads}"], result.to_dict())
+    assert argv == ["llama-server", "--port", "9000", "-t", str(result.threads), "--numa", "numactl"] and kept == []
+
+
+def test_missing_programs_are_looked_up_on_the_path(tmp_path):
+    tool = tmp_path / "numactl"
+    tool.write_text("#!/bin/sh\n")
+    assert missing_programs(["numactl"], str(tmp_path)) == ["numactl"]  # not executable
+    tool.chmod(tool.stat().st_mode | stat.S_IXUSR)
+    assert missing_programs(["numactl", "taskset"], "%s:/nonexistent" % tmp_path) == ["taskset"]
+
+
+def test_exec_refuses_an_engine_whose_binder_is_missing(monkeypatch):
+    placement = spanning("vllm")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(NumaError, match="engine vllm binds each worker with numactl, which is not on PATH"):
+        cli._check_engine(placement, best_effort=False)
+    notes = cli._check_engine(placement, best_effort=True)
+    assert placement.engine["args"] == [] and "its arguments NOT added" in notes[0]
+
+
+def test_numa_pin_exec_hands_the_server_exactly_the_recipes_argv_and_env(tmp_path):
+    """On this host (whatever its nodes): llama.cpp's mode after the server's own arguments."""
+    report = tmp_path / "seen.json"
+    stand_in = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
+                "open(%r, 'w'))" % str(report))
+    done = subprocess.run([sys.executable, "-m", "numa", "exec", "--best-effort", "--engine", "llama.cpp", "--",
+                           sys.executable, "-c", stand_in, "-t", "{threads}"],
+                          env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT), stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, universal_newlines=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(report.read_text())
+    assert seen["argv"] == ["-t", seen["env"]["OMP_NUM_THREADS"], "--numa", "numactl"]
+    assert "numa-pin:" in done.stderr and "exec" in done.stderr
