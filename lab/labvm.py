@@ -351,11 +351,12 @@ def _accel() -> str:
 
 
 def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg") -> List[str]:
-    """The QEMU command line: 4 vCPUs as 2 sockets x 2 cores, one display device.
+    """The QEMU command line: 4 vCPUs as 2 sockets x 2 cores, two display devices (the lab's GPUs).
 
-    numa=2: two 1 GiB nodes at SLIT distance 21, the display behind a pxb-pcie
-    expander on node 1 (guest address 0000:81:00.0). numa=1: no NUMA tables, the
-    display on the root complex, so the guest reports its numa_node as -1.
+    numa=2: two 1 GiB nodes at SLIT distance 21, a display behind a pxb-pcie
+    expander on each node (guest addresses 0000:41:00.0 on node 0, 0000:81:00.0 on
+    node 1), so a 2-GPU instance spans both nodes. numa=1: no NUMA tables, both
+    displays on the root complex, so the guest reports their numa_node as -1.
     """
     if numa not in (1, 2):
         raise LabError("--numa %r: the lab supports 1 or 2 nodes" % numa)
@@ -370,12 +371,15 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
             "-numa", "node,nodeid=0,cpus=0-1,memdev=m0",
             "-numa", "node,nodeid=1,cpus=2-3,memdev=m1",
             "-numa", "dist,src=0,dst=1,val=21",
+            "-device", "pxb-pcie,id=pxb0,bus_nr=64,numa_node=0,bus=pcie.0",
+            "-device", "pcie-root-port,id=rp0,bus=pxb0,chassis=2",
+            "-device", "bochs-display,bus=rp0",
             "-device", "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0",
             "-device", "pcie-root-port,id=rp1,bus=pxb1,chassis=1",
             "-device", "bochs-display,bus=rp1",
         ]
     else:
-        argv += ["-device", "bochs-display,bus=pcie.0"]
+        argv += ["-device", "bochs-display,bus=pcie.0", "-device", "bochs-display,bus=pcie.0"]
     argv += [
         "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
         "-append", KERNEL_ARGS,

@@ -10,7 +10,8 @@ and reads one byte per page, pulling it into the page cache the way llama.cpp's
 mmap loader does. GET /health answers JSON: pid, ppid, cpus_allowed_list,
 mems_allowed_list, weights_mb, pages_per_node (anonymous pages summed over all
 mappings), numa_maps_policy (policy of the weights mapping, e.g. "bind:1"),
-weights_pages_per_node, and model (path, policy, pages_per_node) or null.
+weights_pages_per_node, model (path, policy, pages_per_node) or null, and the
+argv and environment it was started with.
 
 Python stdlib only (>= 3.8) because it runs inside the minimal lab guest.
 Signals readiness with sd_notify READY=1 when started as a Type=notify unit.
@@ -144,6 +145,9 @@ class Weights:
             "numa_maps_policy": weights["policy"],
             "weights_pages_per_node": weights["nodes"],
             "model": None,
+            # What it was started with: the lab compares them with the plan's engine recipe.
+            "argv": sys.argv[1:],
+            "environment": dict(os.environ),
         }  # type: Dict[str, object]
         if self.model is not None:
             mapped = mapping_at(entries, self.model_addr) or {"policy": "", "nodes": {}}

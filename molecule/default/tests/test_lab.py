@@ -17,11 +17,15 @@ from conftest import (COST_REPORT_S, INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, U
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
-# The real servers (converge.yml) and the stand-in next to the "GPU" (vars/lab_services.yml).
+# The real servers (converge.yml) and the stand-ins next to the "GPUs" (vars/lab_services.yml).
 PER_NODE = {"llama@0": 0, "llama@1": 1}
 INTERLEAVED = "llama-big@0"
-NEXT_TO_GPU = ("lab-gpu@0", 8095)
-UNITS = sorted(PER_NODE) + [INTERLEAVED, NEXT_TO_GPU[0]]
+# unit: (port, its display device, that device's node)
+NEXT_TO_GPU = {"lab-gpu@0": (8095, "0000:41:00.0", 0), "lab-gpu@1": (8096, "0000:81:00.0", 1)}
+SPANNING = ("lab-span@0", 8097)
+STAND_INS = {unit: port for unit, (port, _gpu, _node) in NEXT_TO_GPU.items()}
+STAND_INS[SPANNING[0]] = SPANNING[1]
+UNITS = sorted(PER_NODE) + [INTERLEAVED] + sorted(STAND_INS)
 
 
 def test_numa_balancing_off_and_persisted(host):
@@ -50,19 +54,21 @@ def test_oversized_instance_is_interleaved(host):
         assert share(where["anon"], node) >= INTERLEAVED_MIN_SHARE, where["anon"]
 
 
-def test_gpu_instance_runs_next_to_the_display_device(host):
-    assert host.file("/sys/bus/pci/devices/0000:81:00.0/numa_node").content_string.strip() == "1"
-    state = health(host, NEXT_TO_GPU[1])
-    assert state["cpus_allowed_list"] == node_cpus(host, 1)
-    assert share(state["pages_per_node"], 1) >= 0.99, state["pages_per_node"]
+@pytest.mark.parametrize("unit", sorted(NEXT_TO_GPU))
+def test_per_gpu_instance_runs_next_to_its_display_device(host, unit):
+    port, gpu, node = NEXT_TO_GPU[unit]
+    assert host.file("/sys/bus/pci/devices/%s/numa_node" % gpu).content_string.strip() == str(node)
+    state = health(host, port)
+    assert state["cpus_allowed_list"] == node_cpus(host, node)
+    assert share(state["pages_per_node"], node) >= 0.99, state["pages_per_node"]
 
 
 @pytest.mark.parametrize("unit", UNITS)
 def test_server_pid_is_systemds_main_pid(host, unit):
     # numa-pin exec'd the server, it did not fork: the unit's main process is the server itself.
     where = placement(host, unit + ".service")
-    if unit == NEXT_TO_GPU[0]:
-        assert health(host, NEXT_TO_GPU[1])["pid"] == where["pid"]
+    if unit in STAND_INS:
+        assert health(host, STAND_INS[unit])["pid"] == where["pid"]
     else:
         assert where["comm"] == "llama-server", where
 

@@ -84,6 +84,14 @@ def test_every_thread_is_on_its_node(host, answers, unit):
 
 
 @pytest.mark.parametrize("unit", sorted(PER_NODE))
+def test_the_llama_cpp_recipe_keeps_its_threads_to_the_given_cpus(host, answers, unit):
+    """engine: llama.cpp adds --numa numactl after the command's own arguments, and the real server takes it."""
+    pid = host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip()
+    argv = host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
+    assert argv[-3:-1] == ["--numa", "numactl"], argv
+
+
+@pytest.mark.parametrize("unit", sorted(PER_NODE))
 def test_each_instance_maps_its_own_local_copy_of_the_model(host, answers, unit):
     node = PER_NODE[unit][1]
     maps = maps_of(host, unit)

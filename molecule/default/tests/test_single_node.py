@@ -17,7 +17,7 @@ def test_facts_say_one_node(host):
     facts = json.loads(host.run("%s facts" % NUMA_PIN).stdout)
     assert facts["node_count"] == 1
     assert facts["nodes"][0]["cpulist"] == "0-3"
-    assert [gpu["numa_node"] for gpu in facts["gpus"]] == [None]
+    assert [gpu["numa_node"] for gpu in facts["gpus"]] == [None, None]
 
 
 def test_per_node_layout_gives_one_instance_on_all_cpus(host):
@@ -35,10 +35,12 @@ def test_the_model_too_big_for_a_1_gib_node_fits_the_one_big_node(host):
     assert placement(host, "llama-big@0.service")["policies"] == {"bind:0"}
 
 
-def test_the_gpu_without_a_node_leaves_its_service_on_node_zero(host):
-    state = health(host, 8095)
-    assert state["cpus_allowed_list"] == "0-3" and state["numa_maps_policy"] == "bind:0", state
-    assert set(state["pages_per_node"]) == {"N0"}, state
+def test_gpus_without_a_node_leave_their_services_on_node_zero(host):
+    # lab-gpu@0 and @1 share the one node's cores; lab-span's two GPUs no longer span anything.
+    for port, cpus in ((8095, "0-1"), (8096, "2-3"), (8097, "0-3")):
+        state = health(host, port)
+        assert state["cpus_allowed_list"] == cpus and state["numa_maps_policy"] == "bind:0", state
+        assert set(state["pages_per_node"]) == {"N0"}, state
 
 
 def test_balancing_is_off(host):
