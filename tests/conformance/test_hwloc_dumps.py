@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import PlacementError, Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 from tests.tools import ansible_command
@@ -199,3 +200,25 @@ def test_numa_pin_explain_on_every_dump_plans_or_says_why(dump_roots, name):
         allowed = ids_of(facts["cpus"]["allowed"])
         assert not allowed or set(placement["cpus"]) <= allowed
         assert placement["threads"] == len(placement["cpus"]) and placement["reasons"]
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_gpu_plans_map_every_gpu_and_cover_the_nodes_they_span(dump_roots, name):
+    """All of a dump's GPUs in one instance: a worker per GPU inside the plan, and every GPU node covered."""
+    facts = read(dump_roots[name])
+    if not facts["gpus"]:
+        pytest.skip("no GPU in this dump")
+    for engine in ("vllm", "sglang", "trtllm"):
+        try:
+            result = plan(facts, Request(gpus=len(facts["gpus"]), engine=engine))
+        except PlacementError as error:
+            assert str(error).strip() and "\n" not in str(error)
+            continue
+        assert [entry["gpu"] for entry in result.gpu_map] == result.gpus
+        for entry in result.gpu_map:
+            assert ids_of(entry["cpulist"]) <= set(result.cpus) and set(entry["mem_nodes"]) <= set(result.mem_nodes)
+        usable = {node["id"] for node in facts["nodes"] if node["cpus"]}
+        local = {gpu["numa_node"] for gpu in facts["gpus"]} & usable
+        if len(local) > 1:
+            assert local <= set(result.cpu_nodes) and len(result.mem_nodes) > 1, result.reasons
+            assert any("span nodes" in reason for reason in result.reasons)

@@ -318,8 +318,12 @@ def test_the_signal_dispositions_are_restored_after_the_copy_and_an_ignored_one_
 
 # A copy in a process of its own that says when it started and then crawls: 64 KiB per 50 ms.
 SLOW_COPY = """
-import os, sys, time
+import os, signal, sys, time
 from numa import replica
+
+# As an interactive start has it: a shell without job control (CI's background phases) starts its
+# children with SIGINT ignored, and an ignored signal stays ignored by design.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 model, root, naming = sys.argv[1:]
 if naming == "named":
