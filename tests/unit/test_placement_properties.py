@@ -125,11 +125,19 @@ def distance(topology, source, target):
     return node["distances"][str(target)]
 
 
-def base_nodes(topology, request, anchor, candidates):
+def spanned(request, result):
+    """The nodes of the instance's GPUs when they are several and no node was fixed: it spans them."""
+    nodes = {entry["node"] for entry in result.gpu_map}
+    return nodes if len(nodes) > 1 and request.node is None and request.anchors is None else set()
+
+
+def base_nodes(topology, request, result, candidates):
+    """The nodes an instance occupies at least: its anchor (or its GPUs' nodes), or their packages."""
+    seeds = spanned(request, result) or {result.node}
     if request.scope == "node":
-        return {anchor}
+        return seeds
     packages = {node["id"]: set(node["packages"]) for node in topology["nodes"]}
-    return {node for node in candidates if packages[node] & packages[anchor]}
+    return {node for node in candidates if any(packages[node] & packages[seed] for seed in seeds)}
 
 
 # ------------------------------------------------------------- properties ---
@@ -181,7 +189,7 @@ def test_interleave_sets_are_the_shortest_nearest_first_run_that_fits(data):
     assume(result is not None and result.required_bytes is not None)
     assume(result.policy in ("interleave", "weighted-interleave"))
     candidates = usable(topology, request)
-    base = base_nodes(topology, request, result.node, candidates)
+    base = base_nodes(topology, request, result, candidates)
     chosen = set(result.mem_nodes)
     extra = chosen - base
     assert base <= chosen
@@ -194,7 +202,8 @@ def test_interleave_sets_are_the_shortest_nearest_first_run_that_fits(data):
     if extra:
         farthest = max(extra, key=lambda node: rank[node])
         assert free_bytes(topology, chosen - {farthest}) < result.required_bytes
-    elif request.policy != "interleave":
+    elif request.policy != "interleave" and not spanned(request, result):
+        # Only a spanning instance interleaves what fits its base (it is never bound to one node).
         assert free_bytes(topology, base) < result.required_bytes
 
 
@@ -285,3 +294,17 @@ def test_from_options_either_builds_a_request_or_raises_numa_error(options):
         assert str(error)
         return
     assert 0 <= request.instance < request.instances
+
+
+@SETTINGS
+@given(st.data())
+def test_a_spanning_instance_covers_its_gpus_nodes_and_maps_every_worker_inside_the_plan(data):
+    topology, request, result = drawn_plan(data)
+    assert [entry["gpu"] for entry in result.gpu_map] == result.gpus
+    for entry in result.gpu_map:
+        assert set(parse_cpulist(entry["cpulist"])) <= set(result.cpus)
+        assert entry["mem_nodes"] and set(entry["mem_nodes"]) <= set(result.mem_nodes)
+    span = spanned(request, result)
+    if span:
+        assert span <= set(result.cpu_nodes)
+        assert len(result.mem_nodes) > 1 or result.policy == "preferred"

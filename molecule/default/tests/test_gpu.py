@@ -61,6 +61,7 @@ def test_explain_shows_the_map_and_the_union_plan_with_its_reasons(host):
     plan = json.loads(result.stdout)
     assert [entry["node"] for entry in plan["gpu_map"]] == [0, 1] and plan["cpu_nodes"] == [0, 1]
     assert plan["engine"]["args"] == ["--numa-bind", "--numa-bind-nodes", "0", "1", "--numa-bind-cpus", "0-1", "2-3"]
+    assert plan["engine"]["missing"] == ["numactl"]  # the guest has none: the plan says so
     assert any("span nodes 0-1" in reason for reason in plan["reasons"])
 
 

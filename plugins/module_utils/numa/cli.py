@@ -274,6 +274,11 @@ def run_explain(args: Args, _server_argv: List[str]) -> int:
     topology, placement = _plan(args.root, args)
     result = placement.to_dict()
     result["topology_warnings"] = topology["warnings"]
+    if os.path.realpath(args.root) == "/" and placement.engine["requires"]:
+        from .engines import missing_programs
+
+        # What numa-pin exec would refuse to start without, on this host.
+        result["engine"]["missing"] = missing_programs(placement.engine["requires"], os.environ.get("PATH", os.defpath))
     if args.model:
         from .pagecache import residency
 

@@ -444,10 +444,11 @@ def _check_fits_host(hints: _Hints, request: Request) -> None:
 class _Node(_Record):
     """A candidate node: usable CPUs (online, allowed, not reserved), the nodes whose memory serves
     them (itself, or for a node without memory the ones HMAT or SLIT name), and their bytes."""
-    __slots__ = ("id", "cpus", "memory", "total", "packages")
+    __slots__ = ("id", "cpus", "memory", "memory_from", "total", "packages")
     id: int
     cpus: Tuple[int, ...]
     memory: Tuple[int, ...]
+    memory_from: Optional[str]           # facts' memory_from: local, hmat, slit
     total: int
     packages: Tuple[int, ...]
 
@@ -473,9 +474,6 @@ class _Hints(_Record):
     def nearest_first(self, anchor: int, nodes: List[int]) -> List[int]:
         """anchor first, then by SLIT distance from it, ties by lowest id."""
         return sorted(nodes, key=lambda node: (node != anchor, self.distance(anchor, node), node))
-
-    def topology_node(self, node: int) -> Dict[str, Any]:
-        return next(record for record in self.topology.get("nodes") or [] if record.get("id") == node)
 
     def memory_of(self, nodes: List[int]) -> List[int]:
         """The memory nodes serving the candidate nodes ``nodes``, in their order, each once."""
@@ -505,7 +503,7 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
             excluded[node["id"]] = why
         else:
             candidates[node["id"]] = _Node(
-                id=node["id"], cpus=usable, memory=memory,
+                id=node["id"], cpus=usable, memory=memory, memory_from=node.get("memory_from"),
                 total=sum(_kb_bytes(by_id[serving], "memory_total_kb") for serving in memory),
                 packages=tuple(sorted(node.get("packages") or [])))
     available = {serving: _kb_bytes(by_id[serving], "memory_available_kb")
@@ -1015,12 +1013,11 @@ def _served_by(hints: _Hints, nodes: List[int]) -> List[str]:
     """A reason for each of ``nodes`` whose CPUs use other nodes' memory (a node without its own)."""
     reasons = []
     for node in nodes:
-        memory = hints.candidates[node].memory
-        if memory != (node,):
-            source = (hints.topology_node(node).get("memory_from") or "facts").upper()
+        info = hints.candidates[node]
+        if info.memory != (node,):
+            source = {"hmat": "HMAT", "slit": "nearest by SLIT"}.get(info.memory_from or "", "the facts")
             reasons.append("node %d has no memory of its own: its memory is node(s) %s (%s)" % (
-                node, format_cpulist(memory), "HMAT" if source == "HMAT" else
-                "nearest by SLIT" if source == "SLIT" else source.lower()))
+                node, format_cpulist(info.memory), source))
     return reasons
 
 
