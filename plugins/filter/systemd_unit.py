@@ -17,6 +17,7 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import request, systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import conflicting_flags
 from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import server_command
 
 
@@ -31,6 +32,11 @@ def _filter(func):
 
 
 def _server_command(argv, plan):
+    engine = (plan.get("engine") or {}).get("engine", "generic")
+    conflicts = conflicting_flags(engine, argv)
+    if conflicts:
+        raise NumaError("engine %s's command gives %s: remove it, or set engine generic to run the command as "
+                        "given" % (engine, "; ".join(conflicts)))
     return server_command(argv, plan)[0]
 
 

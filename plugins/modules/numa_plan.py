@@ -221,6 +221,11 @@ plan:
           type: list
           elements: str
           sample: ["numactl"]
+        conflicts:
+          description: Flags of the server's command that would undo the binding (numa-pin refuses a command with one).
+          type: list
+          elements: str
+          sample: ["--numa"]
         reasons:
           description: The recipe's choices, in words (also in RV(plan.reasons)).
           type: list

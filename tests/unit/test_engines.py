@@ -66,9 +66,23 @@ def test_on_one_node_the_engines_own_binder_stays_off(engine, env):
     assert all(result.env[name] == value for name, value in env.items())
 
 
-def test_llama_cpp_keeps_to_the_cpus_it_was_given():
+def test_llama_cpp_gets_no_numa_mode_and_names_it_a_conflict():
     for result in (one_node("llama.cpp"), spanning("llama.cpp")):
-        assert result.engine["args"] == ["--numa", "numactl"] and result.engine["requires"] == []
+        assert result.engine["args"] == [] and result.engine["conflicts"] == ["--numa"]
+
+
+@pytest.mark.parametrize("argv, conflicts", [(["llama-server", "--numa", "numactl"], 1),
+                                             (["llama-server", "--numa=isolate"], 1),
+                                             (["llama-server", "-m", "--numa"], 1),
+                                             (["llama-server", "--numactl"], 0), (["--numa"], 0)])
+def test_a_llama_cpp_command_with_numa_is_refused_naming_why(argv, conflicts):
+    placement = one_node("llama.cpp")
+    if conflicts:
+        with pytest.raises(NumaError, match="resets its main thread's CPU affinity to all CPUs"):
+            cli._check_engine(placement, argv, best_effort=False)
+        assert "kept" in cli._check_engine(placement, argv, best_effort=True)[0]
+    else:
+        assert cli._check_engine(placement, argv, best_effort=False) == []
 
 
 def test_every_engine_explains_itself_when_it_spans():
@@ -88,8 +102,8 @@ def test_an_unknown_engine_is_refused_with_the_choices():
         Request(engine="tgi")
 
 
-def test_recipe_of_an_empty_map_adds_nothing_but_llama_cpps_mode():
-    assert recipe("vllm", [], False)["args"] == [] and recipe("llama.cpp", [], False)["args"] == ["--numa", "numactl"]
+def test_recipe_of_an_empty_map_adds_nothing():
+    assert all(recipe(engine, [], False)["args"] == [] for engine in ENGINES)
 
 
 # ------------------------------------------------------------- the command ---
@@ -108,9 +122,11 @@ def test_a_flag_the_command_gives_is_kept_with_its_values(given):
 
 
 def test_the_command_is_tokens_then_engine_args():
-    result = spanning("llama.cpp", port_base=9000)
-    argv, kept = server_command(["llama-server", "--port", "{port}", "-t", "{threads}"], result.to_dict())
-    assert argv == ["llama-server", "--port", "9000", "-t", str(result.threads), "--numa", "numactl"] and kept == []
+    result = spanning("sglang", port_base=9000)
+    argv, kept = server_command(["sglang", "--port", "{port}", "--numa-node", "1"], result.to_dict())
+    assert argv == ["sglang", "--port", "9000", "--numa-node", "1"] and kept == ["--numa-node"]
+    argv, kept = server_command(["sglang", "-t", "{threads}"], result.to_dict())
+    assert argv == ["sglang", "-t", str(result.threads)] + result.engine["args"] and kept == []
 
 
 def test_missing_programs_are_looked_up_on_the_path(tmp_path):
@@ -125,21 +141,22 @@ def test_exec_refuses_an_engine_whose_binder_is_missing(monkeypatch):
     placement = spanning("vllm")
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(NumaError, match="engine vllm binds each worker with numactl, which is not on PATH"):
-        cli._check_engine(placement, best_effort=False)
-    notes = cli._check_engine(placement, best_effort=True)
+        cli._check_engine(placement, ["vllm", "serve"], best_effort=False)
+    notes = cli._check_engine(placement, ["vllm", "serve"], best_effort=True)
     assert placement.engine["args"] == [] and "its arguments NOT added" in notes[0]
 
 
 def test_numa_pin_exec_hands_the_server_exactly_the_recipes_argv_and_env(tmp_path):
-    """On this host (whatever its nodes): llama.cpp's mode after the server's own arguments."""
+    """On this host (whatever its nodes): TensorRT-LLM's switch in the environment, the argv as given."""
     report = tmp_path / "seen.json"
     stand_in = ("import json, os, sys; json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, "
                 "open(%r, 'w'))" % str(report))
-    done = subprocess.run([sys.executable, "-m", "numa", "exec", "--best-effort", "--engine", "llama.cpp", "--",
+    done = subprocess.run([sys.executable, "-m", "numa", "exec", "--best-effort", "--engine", "trtllm", "--",
                            sys.executable, "-c", stand_in, "-t", "{threads}"],
                           env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     seen = json.loads(report.read_text())
-    assert seen["argv"] == ["-t", seen["env"]["OMP_NUM_THREADS"], "--numa", "numactl"]
+    assert seen["argv"] == ["-t", seen["env"]["OMP_NUM_THREADS"]]
+    assert seen["env"]["TLLM_NUMA_AWARE_WORKER_AFFINITY"] == "0"  # one node here: keep numa-pin's affinity
     assert "numa-pin:" in done.stderr and "exec" in done.stderr

@@ -84,11 +84,17 @@ def test_every_thread_is_on_its_node(host, answers, unit):
 
 
 @pytest.mark.parametrize("unit", sorted(PER_NODE))
-def test_the_llama_cpp_recipe_keeps_its_threads_to_the_given_cpus(host, answers, unit):
-    """engine: llama.cpp adds --numa numactl after the command's own arguments, and the real server takes it."""
+def test_the_llama_cpp_recipe_leaves_numa_modes_out(host, answers, unit):
+    """engine: llama.cpp adds no --numa: in every mode ggml resets the main thread's affinity to all CPUs
+    after each graph (seen here: threads on 0-3 with --numa numactl). The audit checks every thread."""
     pid = host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip()
     argv = host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
-    assert argv[-3:-1] == ["--numa", "numactl"], argv
+    assert argv[0] == SERVER and not any(arg.startswith("--numa") for arg in argv), argv
+
+
+def test_a_llama_cpp_command_with_a_numa_mode_is_refused(host):
+    result = host.run("%s exec --engine llama.cpp -- %s --numa numactl" % (NUMA_PIN, SERVER))
+    assert result.rc == 2 and "resets its main thread's CPU affinity to all CPUs" in result.stderr, result.stderr
 
 
 @pytest.mark.parametrize("unit", sorted(PER_NODE))

@@ -295,7 +295,7 @@ def run_explain(args: Args, _server_argv: List[str]) -> int:
 
 def run_exec(args: Args, server_argv: List[str]) -> int:
     topology, placement = _plan("/", args, plan_only=True)
-    engine_notes = _check_engine(placement, args.best_effort)
+    engine_notes = _check_engine(placement, server_argv, args.best_effort)
     # Placement first: a page the scan faults in is then read under the plan's policy.
     notes = _apply(placement, topology, args.best_effort) + engine_notes
     argv, kept = _server_command(server_argv, placement)
@@ -341,29 +341,34 @@ def run_cost(args: argparse.Namespace, _server_argv: List[str]) -> int:
 # --- applying a plan ------------------------------------------------------
 
 
-def _check_engine(placement: Plan, best_effort: bool) -> List[str]:
-    """Refuse (or, best-effort, drop) an engine recipe whose programs this host lacks: the engine
-    would fail at its first worker, far from the cause."""
-    from .engines import missing_programs
+def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) -> List[str]:
+    """Refuse a command with flags that would undo the binding, and (or, best-effort, drop) an
+    engine recipe whose programs this host lacks: the engine would fail at its first worker, far
+    from the cause."""
+    from .engines import conflicting_flags, missing_programs
 
+    engine = placement.engine["engine"]
+    conflicts = conflicting_flags(engine, server_argv)
+    if conflicts and not best_effort:
+        raise NumaError("refusing engine %s's %s: remove it from the command (numa-pin binds the process), or set "
+                        "engine generic to start the command as given" % (engine, "; ".join(conflicts)))
+    notes = ["best-effort: engine %s's %s kept" % (engine, "; ".join(conflicts))] if conflicts else []
     missing = missing_programs(placement.engine["requires"], os.environ.get("PATH", os.defpath))
     if not missing:
-        return []
+        return notes
     problem = ("engine %s binds each worker with %s, which is not on PATH (%s)" % (
         placement.engine["engine"], " and ".join(missing), os.environ.get("PATH", os.defpath)))
     if not best_effort:
         raise NumaError("%s: install it (the inference_service role does with inference_service_install_engine_tools: "
                         "true), or set engine generic to leave the workers unbound" % problem)
     placement.engine["args"] = []
-    return ["best-effort: %s; its arguments NOT added" % problem]
+    return notes + ["best-effort: %s; its arguments NOT added" % problem]
 
 
 def _server_command(server_argv: List[str], placement: Plan) -> Tuple[List[str], List[str]]:
     from .tokens import server_command
 
     return server_command(server_argv, placement.to_dict())
-
-
 
 
 def _apply(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:

@@ -9,8 +9,9 @@ into the engine's own switches, or turns the engine's binder off where ours bind
 so that two binders never fight:
 
 - ``generic``: nothing; the plan's binding only.
-- ``llama.cpp``: ``--numa numactl``, llama.cpp's mode that keeps to the CPU set it was started
-  with (its other modes spread or move threads over the nodes they choose).
+- ``llama.cpp``: no ``--numa``, and a command giving one is refused: in every ``--numa`` mode
+  (``numactl`` included) ggml sets the main thread's affinity to all CPUs after each graph, so
+  numa-pin's binding alone is what keeps llama.cpp on the plan's CPUs.
 - ``vllm``: spanning, ``--numa-bind`` with ``--numa-bind-nodes`` and ``--numa-bind-cpus`` from the
   map (vLLM runs each worker under ``numactl --physcpubind --membind``, so it needs numactl and the
   spawn start method); on one node, nothing: vLLM binds only when asked.
@@ -28,34 +29,52 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Sequence, Tuple
 
+    GpuMap = Sequence[Mapping[str, Any]]
+    # (args, env, requires, reasons)
+    Parts = Tuple[List[str], Dict[str, str], List[str], List[str]]
+
 GENERIC = "generic"
 ENGINES = (GENERIC, "llama.cpp", "vllm", "sglang", "trtllm")
 
 
-def recipe(engine: str, gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Dict[str, Any]:
-    """The engine's part of a plan: {engine, args, env, requires, reasons}; ``args`` go after the
-    server's own arguments, ``env`` into its environment, ``requires`` names programs it runs."""
-    build = _RECIPES[engine]
-    args, env, requires, reasons = build(gpu_map, spanning)
-    return {"engine": engine, "args": args, "env": env, "requires": requires, "reasons": reasons}
+# Flags of an engine's command that undo the plan's binding: numa-pin refuses to start them.
+_CONFLICTS = {
+    # ggml (llama.cpp b11434, ggml-cpu.c): in any --numa mode on a multi-node host the main thread's
+    # affinity is set to every CPU after each graph (clear_numa_thread_affinity).
+    "llama.cpp": {"--numa": "llama.cpp's --numa resets its main thread's CPU affinity to all CPUs after each graph, "
+                            "outside the plan"},
+}
 
 
-def _generic(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
-                                                                           List[str], List[str]]:
+def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
+    """The engine's part of a plan: {engine, args, env, requires, conflicts, reasons}; ``args`` go
+    after the server's own arguments, ``env`` into its environment, ``requires`` names programs it
+    runs, ``conflicts`` flags of its command that would undo the binding."""
+    args, env, requires, reasons = _RECIPES[engine](gpu_map, spanning)
+    return {"engine": engine, "args": args, "env": env, "requires": requires,
+            "conflicts": sorted(_CONFLICTS.get(engine, {})), "reasons": reasons}
+
+
+def conflicting_flags(engine: str, argv: Sequence[str]) -> List[str]:
+    """Why each flag of ``argv`` that the engine's recipe names as a conflict undoes the binding."""
+    conflicts = _CONFLICTS.get(engine, {})
+    given = {arg.partition("=")[0] for arg in argv[1:] if arg.startswith("--")}
+    return ["%s (%s)" % (flag, why) for flag, why in sorted(conflicts.items()) if flag in given]
+
+
+def _generic(gpu_map: GpuMap, spanning: bool) -> Parts:
     if spanning:
         return [], {}, [], ["engine generic: the process has the CPUs and memory of every GPU's node; name the "
                             "engine (vllm, sglang, trtllm) to bind each worker next to its GPU"]
     return [], {}, [], []
 
 
-def _llama_cpp(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
-                                                                             List[str], List[str]]:
-    return ["--numa", "numactl"], {}, [], [
-        "engine llama.cpp: --numa numactl keeps its threads on the CPUs numa-pin gave the process"]
+def _llama_cpp(gpu_map: GpuMap, spanning: bool) -> Parts:
+    return [], {}, [], ["engine llama.cpp: no --numa (every mode of it resets the main thread's CPU affinity to all "
+                        "CPUs after each graph); numa-pin's binding keeps every thread on the plan's CPUs"]
 
 
-def _vllm(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
-                                                                        List[str], List[str]]:
+def _vllm(gpu_map: GpuMap, spanning: bool) -> Parts:
     if not spanning:
         return [], {}, [], ["engine vllm: --numa-bind stays off, numa-pin binds the whole process"]
     nodes = [str(_worker_memory_node(gpu)) for gpu in gpu_map]
@@ -66,8 +85,7 @@ def _vllm(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[st
              "from the gpu_map (nodes %s)" % " ".join(nodes)])
 
 
-def _sglang(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
-                                                                          List[str], List[str]]:
+def _sglang(gpu_map: GpuMap, spanning: bool) -> Parts:
     if not spanning:
         return [], {"SGLANG_AUTO_NUMA_BIND": "0"}, [], [
             "engine sglang: its automatic per-GPU binding is off (SGLANG_AUTO_NUMA_BIND=0), numa-pin binds "
@@ -77,8 +95,7 @@ def _sglang(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[
         "engine sglang: --numa-node %s runs worker i under numactl on its GPU's node" % " ".join(nodes)]
 
 
-def _trtllm(gpu_map: Sequence[Mapping[str, Any]], spanning: bool) -> Tuple[List[str], Dict[str, str],
-                                                                          List[str], List[str]]:
+def _trtllm(gpu_map: GpuMap, spanning: bool) -> Parts:
     if not spanning:
         return [], {"TLLM_NUMA_AWARE_WORKER_AFFINITY": "0"}, [], [
             "engine trtllm: TLLM_NUMA_AWARE_WORKER_AFFINITY=0 keeps the affinity numa-pin set (unset, "
