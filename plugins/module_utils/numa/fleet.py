@@ -1,0 +1,95 @@
+"""One host's page of the fleet report: its metrics snapshot, a summary of its topology, and where the
+services it is given (inference_service_list entries) would run, planned without deploying anything.
+
+The entries are the inference_service role's: ``layout`` gives the instances (one per node with CPUs,
+one per GPU, or one), and the request is built as the role's tasks/service.yml builds it (the GPUs a
+layout implies, the model path as the size, per-node anchors), so the report shows the placement a
+deployment would make.
+"""
+
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from . import audit, metrics
+from .cpulist import format_cpulist
+from .errors import NumaError
+
+LAYOUTS = ("single", "per_node", "per_gpu")
+# The role's entry keys that are request options of the same name.
+REQUEST_KEYS = ("node", "memory_headroom", "smt", "reserve_cpus", "scope", "policy", "on_unfit", "page_cache",
+                "replica_dir", "port_base")
+
+
+def host_page(root: str = "/", plan_dir: Optional[str] = None, services: Sequence[Mapping[str, Any]] = (),
+              run: Optional[audit.CommandRunner] = None) -> Dict[str, Any]:
+    """The snapshot, the topology summary and the planned services of the host under ``root``."""
+    from .topology import read
+
+    topology = read(root)
+    snapshot = metrics.collect(root, plan_dir or _under(root, metrics.PLAN_DIR), run, topology=topology)
+    snapshot["topology"] = summary(topology)
+    snapshot["planned"] = [planned for entry in services for planned in plan_service(topology, entry)]
+    return snapshot
+
+
+def _under(root: str, path: str) -> str:
+    return path if root in ("", "/") else root.rstrip("/") + path
+
+
+def summary(topology: Mapping[str, Any]) -> Dict[str, Any]:
+    """Nodes with their CPUs, memory and GPUs, the distances, and the reader's warnings."""
+    nodes = [{"id": node["id"], "cpulist": node.get("cpulist") or "", "cpus": len(node.get("cpus") or []),
+              "memory_total_bytes": (node.get("memory_total_kb") or 0) * 1024,
+              "gpus": [gpu.get("address") for gpu in node.get("gpus") or []]} for node in topology.get("nodes", [])]
+    return {"nodes": nodes, "distances": topology.get("distances") or [],
+            "gpus_without_node": [gpu.get("address") for gpu in topology.get("gpus") or []
+                                  if gpu.get("numa_node") is None],
+            "cpus_online": (topology.get("cpus") or {}).get("online", "")}
+
+
+def plan_service(topology: Mapping[str, Any], entry: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """Each instance's placement for one inference_service_list entry, or one row naming why it has none."""
+    name = str(entry.get("name") or "?")
+    layout = entry.get("layout") or "single"
+    if layout not in LAYOUTS:
+        return [_unplanned(name, "layout %r is none of %s" % (layout, ", ".join(LAYOUTS)))]
+    with_cpus = [node["id"] for node in topology.get("nodes", []) if node.get("has_cpus")]
+    count = len(with_cpus) if layout == "per_node" else len(topology.get("gpus") or []) if layout == "per_gpu" else 1
+    if count == 0:
+        return [_unplanned(name, "layout %s gives no instance here (%d GPUs, %d nodes with CPUs)"
+                           % (layout, len(topology.get("gpus") or []), len(with_cpus)))]
+    options = request_options(entry, layout, count, with_cpus)
+    return [_plan_instance(topology, name, options, index) for index in range(count)]
+
+
+def request_options(entry: Mapping[str, Any], layout: str, count: int, with_cpus: List[int]) -> Dict[str, Any]:
+    """The request numa-pin gets for the entry (the role's "Build the placement request")."""
+    options = dict((key, entry.get(key)) for key in REQUEST_KEYS)
+    gpus = entry.get("gpus")
+    options["gpus"] = gpus if gpus is not None else 1 if layout == "per_gpu" else "none" if layout == "per_node" \
+        else "auto"
+    model = entry.get("model_path")
+    options["model"] = [model] if model else []
+    options["model_size"] = entry.get("model_size") if entry.get("model_size") is not None else model
+    options["instances"] = count
+    options["anchors"] = ",".join(str(node) for node in with_cpus) if layout == "per_node" else None
+    return dict((key, value) for key, value in options.items() if value is not None)
+
+
+def _plan_instance(topology: Mapping[str, Any], name: str, options: Mapping[str, Any], index: int) -> Dict[str, Any]:
+    from .placement import plan
+    from .request import build_request
+
+    try:
+        placement = plan(dict(topology), build_request(dict(options, instance=index))).to_dict()
+    except NumaError as exc:
+        return _unplanned(name, str(exc), index)
+    return {"service": name, "index": index, "unit": "%s@%d.service" % (name, index), "error": None,
+            "policy": placement["policy"], "mem_nodes": placement["mem_nodes"],
+            "nodes": format_cpulist(placement["mem_nodes"]), "cpulist": placement["cpulist"],
+            "threads": placement["threads"], "gpus": placement["gpus"], "port": placement["port"]}
+
+
+def _unplanned(name: str, why: str, index: Optional[int] = None) -> Dict[str, Any]:
+    return {"service": name, "index": index, "unit": None if index is None else "%s@%d.service" % (name, index),
+            "error": why, "policy": None, "mem_nodes": [], "nodes": "", "cpulist": "", "threads": 0, "gpus": [],
+            "port": None}
