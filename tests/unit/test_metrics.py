@@ -294,14 +294,20 @@ def test_a_directory_others_may_write_is_refused(tmp_path, spoil):
     assert not os.path.exists(os.path.join(str(directory), metrics.TEXTFILE_NAME))
 
 
-def test_a_sticky_world_writable_directory_above_is_allowed(tmp_path):
+def test_a_directory_above_may_be_anyones_it_is_never_followed(tmp_path):
+    """Debian's /var/lib/prometheus belongs to prometheus; its node-exporter directory, root's, is the one checked."""
     shared = tmp_path / "shared"
     shared.mkdir()
-    os.chmod(str(tmp_path), 0o755)
     os.chmod(str(shared), 0o1777)
+    if os.geteuid() == 0:
+        os.chown(str(shared), 65534, 65534)
     (shared / "ours").mkdir()
     os.chmod(str(shared / "ours"), 0o755)
+    os.chown(str(shared / "ours"), os.geteuid(), os.getegid())
     metrics.write_textfile(str(shared / "ours"), "x 1\n")
+    os.symlink(str(shared), str(tmp_path / "link"))  # a link above the directory is refused too
+    with pytest.raises(NumaError, match="symbolic link"):
+        metrics.write_textfile(str(tmp_path / "link" / "ours"), "x 1\n")
 
 
 # --- drift -----------------------------------------------------------------------------------------

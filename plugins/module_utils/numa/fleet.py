@@ -58,7 +58,14 @@ def plan_service(topology: Mapping[str, Any], entry: Mapping[str, Any]) -> List[
         return [_unplanned(name, "layout %s gives no instance here (%d GPUs, %d nodes with CPUs)"
                            % (layout, len(topology.get("gpus") or []), len(with_cpus)))]
     options = request_options(entry, layout, count, with_cpus)
-    return [_plan_instance(topology, name, options, index) for index in range(count)]
+    from .placement import plan_instances
+    from .request import build_request
+
+    try:
+        request = build_request(dict(options, instance=0))
+    except NumaError as exc:
+        return [_unplanned(name, str(exc))]
+    return [_planned(name, index, result) for index, result in enumerate(plan_instances(dict(topology), request))]
 
 
 def request_options(entry: Mapping[str, Any], layout: str, count: int, with_cpus: List[int]) -> Dict[str, Any]:
@@ -75,14 +82,10 @@ def request_options(entry: Mapping[str, Any], layout: str, count: int, with_cpus
     return dict((key, value) for key, value in options.items() if value is not None)
 
 
-def _plan_instance(topology: Mapping[str, Any], name: str, options: Mapping[str, Any], index: int) -> Dict[str, Any]:
-    from .placement import plan
-    from .request import build_request
-
-    try:
-        placement = plan(dict(topology), build_request(dict(options, instance=index))).to_dict()
-    except NumaError as exc:
-        return _unplanned(name, str(exc), index)
+def _planned(name: str, index: int, result: Any) -> Dict[str, Any]:
+    if isinstance(result, NumaError):
+        return _unplanned(name, str(result), index)
+    placement = result.to_dict()
     return {"service": name, "index": index, "unit": "%s@%d.service" % (name, index), "error": None,
             "policy": placement["policy"], "mem_nodes": placement["mem_nodes"],
             "nodes": format_cpulist(placement["mem_nodes"]), "cpulist": placement["cpulist"],

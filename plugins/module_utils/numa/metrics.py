@@ -17,8 +17,10 @@ again and drops remote page cache of its model at start).
 
 numa-pin runs this as root from a systemd timer. So the plan records and the services' audit
 settings it acts on are trusted only as root wrote them (regular files, owned by root, writable by
-no one else), and the textfile and state directories are reached from ``/`` without following a
-link and refused when anyone but root may write them or a directory above them (sticky ones aside).
+no one else), and the textfile and state directories are reached from ``/`` one directory at a time
+without following a link (so no directory above them can swap in another) and refused when anyone
+but root owns them or may write them: Debian's /var/lib/prometheus belongs to prometheus, its
+node-exporter directory to root.
 """
 
 import errno
@@ -369,8 +371,11 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
 
 def open_private_directory(path: str, what: str) -> int:
     """A descriptor of directory ``path`` (made 0755 if missing), reached from ``/`` one directory at a
-    time without following a link; refused when anyone but root (or this user) owns it or may write it,
-    or a directory above it (unless sticky, like /tmp)."""
+    time without following a link; refused when anyone but root (or this user) owns it or may write it.
+
+    Each step opens a name relative to the descriptor of the directory before it, never through a
+    link, and the last directory is checked through its own descriptor; so whoever owns a directory
+    above it cannot swap in another one, and only the last one's owner and mode matter."""
     if not os.path.isabs(path):
         raise NumaError("the %s %s is not an absolute path: give one like %s" % (what, path, TEXTFILE_DIR))
     names = [name for name in path.split("/") if name not in ("", ".")]
@@ -379,13 +384,12 @@ def open_private_directory(path: str, what: str) -> int:
     fd = os.open("/", _WALK_FLAGS)
     current = "/"
     try:
-        _check_directory(fd, current, what, last=not names)
-        for position, name in enumerate(names):
+        for name in names:
             current = os.path.join(current, name)
             child = _subdirectory(fd, name, current, what)
             os.close(fd)
             fd = child
-            _check_directory(fd, current, what, last=position == len(names) - 1)
+        _check_directory(fd, current, what)
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
     finally:
         os.close(fd)
@@ -412,13 +416,12 @@ def _subdirectory(parent: int, name: str, shown: str, what: str) -> int:
     raise AssertionError("not reached")
 
 
-def _check_directory(fd: int, shown: str, what: str, last: bool) -> None:
+def _check_directory(fd: int, shown: str, what: str) -> None:
     info = os.fstat(fd)
     if info.st_uid not in (0, os.geteuid()):
         raise NumaError("refusing the %s %s: it is owned by uid %d, who could swap the files root writes there; "
                         "chown root it, or give a directory that only root may write" % (what, shown, info.st_uid))
-    writable = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    if writable and (last or not info.st_mode & stat.S_ISVTX):
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise NumaError("refusing the %s %s (mode %04o): its group or others may write it; chmod go-w it, or give "
                         "a directory that only root may write" % (what, shown, stat.S_IMODE(info.st_mode)))
 
