@@ -111,8 +111,8 @@ def _warnings(balancing: Any, instances: List[Dict[str, Any]], planned: List[Dic
         lines.append("automatic NUMA balancing is on: the kernel moves pinned services' pages (numa_host turns it off)")
     for row in instances:
         if row["drift"]:
-            lines.append("%s drifted: %s of its pages on node(s) %s, below %s" % (row["unit"], row["judged"],
-                                                                                 row["nodes"], row["minimum"]))
+            lines.append("%s drifted: %s of its pages on node(s) %s, below %s"
+                         % (row["unit"], row["judged"], row["nodes"], row["minimum"]))
         if row["affinity"] == "NO":
             lines.append("%s: a thread may run outside the plan's CPUs %s" % (row["unit"], row["cpulist"]))
         if row["state"] != "up":

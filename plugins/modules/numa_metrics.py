@@ -83,7 +83,7 @@ planned:
   type: list
   elements: dict
 topology:
-  description: Nodes with C(cpulist), C(cpus), C(memory_total_bytes) and C(gpus); C(distances), C(gpus_without_node).
+  description: Nodes with C(cpulist), C(cpus), C(memory_total_bytes) and C(gpus); C(gpus_without_node), C(cpus_online).
   returned: success
   type: dict
 read_warnings:

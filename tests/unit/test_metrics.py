@@ -319,7 +319,7 @@ def test_drift_is_logged_with_where_the_pages_are_and_acted_on_once_per_interval
     actions = {}
     lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0, run)
     assert changed and run.calls[-1] == ["systemctl", "restart", "--", "llama@1.service"]
-    assert lines[0].startswith("drift: llama@1.service: PID(s) 4343") and "pages outside node(s) 1: node 0 anon 0 B, file 33.03 MiB" in lines[0]
+    assert lines[0].startswith("drift: llama@1.service: PID(s) 4343") and "remote: 33.03 MiB on node 0 (anon 0 B, file 33.03 MiB)" in lines[0]
     assert lines[1] == "drift: llama@1.service: restarted (on_drift restart)"
     assert actions == {"llama@1.service": {"last_seconds": 5000.0, "counts": {"restart": 1}}}
     calls = len(run.calls)

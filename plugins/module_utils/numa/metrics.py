@@ -489,8 +489,7 @@ def drift_actions(instances: Sequence[Mapping[str, Any]], actions: Dict[str, Dic
     for entry in instances:
         if not entry["drift"]:
             continue
-        lines.append("drift: %s; pages outside node(s) %s: %s" % (entry["message"], entry["nodes"],
-                                                                  _where(entry["remote_nodes"])))
+        lines.append("drift: %s" % entry["message"])  # the audit's words: the share, and the remote pages per node
         action = entry["on_drift"]
         if action == "none" or not act:
             continue
@@ -505,14 +504,6 @@ def drift_actions(instances: Sequence[Mapping[str, Any]], actions: Dict[str, Dic
         record["counts"][action] = int(record["counts"].get(action, 0)) + 1
         changed = True
     return lines, changed
-
-
-def _where(remote_nodes: Mapping[str, Mapping[str, int]]) -> str:
-    from .sizes import format_size
-
-    return ", ".join("node %s anon %s, file %s" % (node, format_size(counts["anon_bytes"]),
-                                                  format_size(counts["file_bytes"]))
-                     for node, counts in sorted(remote_nodes.items(), key=lambda item: int(item[0]))) or "none"
 
 
 def _act(entry: Mapping[str, Any], action: str, run: audit.CommandRunner, migrate: Optional[Migrate]) -> str:
