@@ -265,7 +265,7 @@ def test_a_missing_directory_is_made_root_only(tmp_path):
 
 
 @pytest.mark.parametrize("spoil", ["group-writable", "world-writable-sticky", "symlink", "foreign", "relative",
-                                   "dotdot"])
+                                   "dotdot", "a-file"])
 def test_a_directory_others_may_write_is_refused(tmp_path, spoil):
     os.chmod(str(tmp_path), 0o755)
     directory = tmp_path / "textfile"
@@ -285,6 +285,9 @@ def test_a_directory_others_may_write_is_refused(tmp_path, spoil):
         os.chown(given, 65534, 65534)
     elif spoil == "relative":
         given = "relative/dir"
+    elif spoil == "a-file":
+        (tmp_path / "plain").write_text("")
+        given = str(tmp_path / "plain" / "textfile")
     else:
         given = str(directory) + "/../textfile"
     with pytest.raises(NumaError) as caught:

@@ -396,24 +396,34 @@ def open_private_directory(path: str, what: str) -> int:
 
 
 def _subdirectory(parent: int, name: str, shown: str, what: str) -> int:
-    for attempt in (1, 2):
-        try:
-            return os.open(name, _WALK_FLAGS, dir_fd=parent)
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-            try:
-                os.mkdir(name, 0o755, dir_fd=parent)
-            except FileExistsError:
-                pass
-            except OSError as exc:
-                raise NumaError("cannot create the %s %s: %s" % (what, shown, exc.strerror)) from None
-        except OSError as exc:
-            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-                raise NumaError("cannot open the %s %s: %s" % (what, shown, exc.strerror)) from None
+    """The directory ``name`` in ``parent``, made if missing; never reached through a symbolic link."""
+    try:
+        return _open_walked(parent, name, shown, what)
+    except FileNotFoundError:
+        pass
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:  # made meanwhile
+        pass
+    except OSError as exc:
+        raise NumaError("cannot create the %s %s: %s" % (what, shown, exc.strerror)) from None
+    try:
+        return _open_walked(parent, name, shown, what)
+    except FileNotFoundError:
+        raise NumaError("the %s %s was removed while it was being made: run again" % (what, shown)) from None
+
+
+def _open_walked(parent: int, name: str, shown: str, what: str) -> int:
+    """``name`` in ``parent`` as a directory descriptor; FileNotFoundError when it is missing."""
+    try:
+        return os.open(name, _WALK_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise NumaError("refusing the %s %s: it is a symbolic link or not a directory; give a real directory "
                             "that only root may write" % (what, shown)) from None
-    raise AssertionError("not reached")
+        raise NumaError("cannot open the %s %s: %s" % (what, shown, exc.strerror)) from None
 
 
 def _check_directory(fd: int, shown: str, what: str) -> None:
