@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 COLLECTION_LINK := build/ansible_collections/inferops/numa
+# prometheus: promtool, which the tests check the metrics text and the alert rules with.
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs hwloc numactl systemd openssh-client \
-	build-essential cmake curl util-linux
+	build-essential cmake curl util-linux prometheus
 LAB_STAMP := $(VENV)/.lab-installed
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)

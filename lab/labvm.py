@@ -54,6 +54,8 @@ PACKAGES = [
     "linux-image-amd64", "systemd-sysv", "openssh-server", "python3", "iproute2",
     "ifupdown", "isc-dhcp-client", "udev", "kmod", "procps", "libgomp1", "curl",
     "ca-certificates",
+    # Serves numa-pin metrics' textfile on :9100 (numa_host_node_exporter: true in converge.yml).
+    "prometheus-node-exporter",
 ]
 MIRRORS = [
     "deb http://deb.debian.org/debian bookworm main",

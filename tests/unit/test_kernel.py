@@ -135,8 +135,10 @@ def test_get_mempolicy_strips_mode_flags():
 
 def test_syscall_tables_match_the_kernel_headers():
     numbers = kernel.SYSCALL_NUMBERS
-    assert numbers["x86_64"] == {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "move_pages": 279}
-    assert numbers["aarch64"] == {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "move_pages": 239}
+    assert numbers["x86_64"] == {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "migrate_pages": 256,
+                                 "move_pages": 279}
+    assert numbers["aarch64"] == {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "migrate_pages": 238,
+                                  "move_pages": 239}
     assert kernel.syscall_numbers() == numbers[os.uname().machine]
 
 

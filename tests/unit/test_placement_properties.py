@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from tests.unit import topo_factory as tf
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import format_cpulist, parse_cpulist
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import PlacementError, Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import (PlacementError, Request, plan,
+                                                                               plan_instances)
 
 GIB = tf.GIB
 # Some requests are impossible by construction (a GPU count the host lacks, a cpuset that
@@ -308,3 +309,18 @@ def test_a_spanning_instance_covers_its_gpus_nodes_and_maps_every_worker_inside_
     if span:
         assert span <= set(result.cpu_nodes)
         assert len(result.mem_nodes) > 1 or result.policy == "preferred"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_planning_every_instance_at_once_is_planning_each_alone(data):
+    topology = data.draw(topologies())
+    request = data.draw(requests(topology, instance=0))
+    together = plan_instances(topology, request)
+    assert len(together) == request.instances
+    for index, result in enumerate(together):
+        try:
+            alone = plan(topology, Request.from_options(dict(request.to_dict(), instance=index))).to_dict()
+        except PlacementError as error:
+            alone = str(error)
+        assert (str(result) if isinstance(result, PlacementError) else result.to_dict()) == alone

@@ -512,8 +512,30 @@ def show_unit(unit: str, run: CommandRunner) -> Dict[str, str]:
     rc, out, err = run(argv)
     if rc != 0:
         raise NumaError("systemctl show %s failed (rc %d): %s" % (unit, rc, (err or out).strip()))
+    return _properties(out.splitlines())
+
+
+def show_units(units: Sequence[str], run: CommandRunner) -> Dict[str, Dict[str, str]]:
+    """``systemctl show`` properties (UNIT_PROPERTIES) of several units in one call: unit -> properties.
+
+    systemctl prints one block per unit, in the order asked, separated by an empty line.
+    """
+    if not units:
+        return {}
+    argv = ["systemctl", "show", "--property=Id," + ",".join(UNIT_PROPERTIES), "--"] + list(units)
+    rc, out, err = run(argv)
+    if rc != 0:
+        raise NumaError("systemctl show %s failed (rc %d): %s" % (" ".join(units), rc, (err or out).strip()))
+    blocks = [_properties(block.splitlines()) for block in out.strip("\n").split("\n\n")]
+    if len(blocks) != len(units):
+        raise NumaError("systemctl show printed %d blocks of properties for %d units: run `systemctl show %s` "
+                        "to see why" % (len(blocks), len(units), " ".join(units)))
+    return dict(zip(units, blocks))
+
+
+def _properties(lines: Sequence[str]) -> Dict[str, str]:
     props = {}
-    for line in out.splitlines():
+    for line in lines:
         key, sep, value = line.partition("=")
         if sep:
             props[key] = value
@@ -657,9 +679,10 @@ def wait_for_unit(unit: str, root: str, run: CommandRunner, wait_seconds: float,
     return outcome
 
 
-def _audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[str],
-                 plan: Optional[Mapping[str, Any]], min_local_percent: float, pages: str,
-                 page_size: Optional[int]) -> Dict[str, Any]:
+def audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[str],
+                plan: Optional[Mapping[str, Any]], min_local_percent: float, pages: str,
+                page_size: Optional[int]) -> Dict[str, Any]:
+    """Audit the processes of a unit whose ``systemctl show`` properties were read (no waiting)."""
     size = page_size or os.sysconf("SC_PAGE_SIZE")
     processes = []
     for pid in unit_pids(root, props):
@@ -689,7 +712,7 @@ def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, m
     """Audit every process of a systemd unit, after waiting for it to be up."""
     check_judging(min_local_percent, pages)
     props, warnings = wait_for_unit(unit, root, run or run_command, wait_seconds, settle_seconds, clock, sleep)
-    return _audit_props(root, unit, props, warnings, plan, min_local_percent, pages, page_size)
+    return audit_props(root, unit, props, warnings, plan, min_local_percent, pages, page_size)
 
 
 class UnitAudit(NamedTuple):
@@ -715,8 +738,8 @@ def audit_units(root: str, audits: Sequence[UnitAudit], wait_seconds: float = 0,
         try:
             if isinstance(outcome, NumaError):
                 raise outcome
-            reports.append(_audit_props(root, entry.unit, outcome[0], list(outcome[1]), entry.plan,
-                                        entry.min_local_percent, entry.pages, page_size))
+            reports.append(audit_props(root, entry.unit, outcome[0], list(outcome[1]), entry.plan,
+                                       entry.min_local_percent, entry.pages, page_size))
         except NumaError as exc:
             reports.append({"unit": entry.unit, "ok": False, "msg": str(exc), "warnings": []})
     return reports

@@ -3,6 +3,7 @@
     numa-pin facts   [--root DIR]
     numa-pin explain [REQUEST] [--root DIR]
     numa-pin exec    [REQUEST] [--best-effort] -- SERVER ARGS...
+    numa-pin metrics [--textfile-dir DIR | --stdout | --json]
 
 ``exec`` reads this host's topology, plans the placement, sets the CPU affinity
 and memory policy of this very process (both survive execve), exports the
@@ -216,6 +217,13 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
         from .cli_cost import add_arguments
         add_arguments(cost)
     cost.set_defaults(run=run_cost)
+
+    metrics = commands.add_parser("metrics", help="write Prometheus metrics of every deployed instance's locality "
+                                                  "and the host's NUMA state (node_exporter textfile)")
+    if command == "metrics":  # like cost: its code stays off the exec path
+        from .cli_metrics import add_arguments as add_metrics_arguments
+        add_metrics_arguments(metrics)
+    metrics.set_defaults(run=run_metrics)
     return parser
 
 
@@ -334,6 +342,12 @@ def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
 
 def run_cost(args: argparse.Namespace, _server_argv: List[str]) -> int:
     from .cli_cost import run
+
+    return run(args, sys.stdout)
+
+
+def run_metrics(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    from .cli_metrics import run
 
     return run(args, sys.stdout)
 

@@ -65,16 +65,16 @@ MAX_CPUS = 1 << 16
 # From the kernel's tables: arch/x86/entry/syscalls/syscall_64.tbl,
 # include/uapi/asm-generic/unistd.h (arm64, riscv64, loongarch64),
 # arch/powerpc/kernel/syscalls/syscall.tbl and arch/s390/kernel/syscalls/syscall.tbl.
-_GENERIC = {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "move_pages": 239}
-_POWERPC = {"mbind": 259, "get_mempolicy": 260, "set_mempolicy": 261, "move_pages": 301}
+_GENERIC = {"mbind": 235, "get_mempolicy": 236, "set_mempolicy": 237, "migrate_pages": 238, "move_pages": 239}
+_POWERPC = {"mbind": 259, "get_mempolicy": 260, "set_mempolicy": 261, "migrate_pages": 258, "move_pages": 301}
 SYSCALL_NUMBERS = {
-    "x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "move_pages": 279},
+    "x86_64": {"mbind": 237, "set_mempolicy": 238, "get_mempolicy": 239, "migrate_pages": 256, "move_pages": 279},
     "aarch64": _GENERIC,
     "riscv64": _GENERIC,
     "loongarch64": _GENERIC,
     "ppc64": _POWERPC,
     "ppc64le": _POWERPC,
-    "s390x": {"mbind": 268, "get_mempolicy": 269, "set_mempolicy": 270, "move_pages": 310},
+    "s390x": {"mbind": 268, "get_mempolicy": 269, "set_mempolicy": 270, "migrate_pages": 287, "move_pages": 310},
 }  # type: Dict[str, Dict[str, int]]
 
 _LIBC = None
@@ -232,6 +232,32 @@ def query_page_nodes(addresses: Sequence[int]) -> List[int]:
     if err:
         raise _failure("move_pages", err, "%d pages" % count, None, "")
     return status.tolist()
+
+
+def migrate_pages(pid: int, from_nodes: Sequence[int], to_nodes: Sequence[int]) -> int:
+    """Move process ``pid``'s pages on ``from_nodes`` to ``to_nodes``; the number of pages left where they were.
+
+    The pages the process maps alone, and as root (CAP_SYS_NICE) the shared ones too. The kernel
+    keeps the relative order of the two node sets (migrate_pages(2)): with one target node every
+    page goes there.
+    """
+    import ctypes
+
+    sources = _ids(from_nodes, "node", MAX_NODES)
+    targets = _ids(to_nodes, "node", MAX_NODES)
+    # Both masks as wide as the one maxnode passed with them: that of the union.
+    union, maxnode = nodemask(sources + targets)
+    source, target = type(union)(), type(union)()
+    word = ctypes.sizeof(ctypes.c_ulong) * 8
+    for mask, ids in ((source, sources), (target, targets)):
+        for node in ids:
+            mask[node // word] |= 1 << (node % word)
+    left = libc().syscall(ctypes.c_long(syscall_numbers()["migrate_pages"]), ctypes.c_long(pid),
+                          ctypes.c_ulong(maxnode), source, target)
+    if left == -1:
+        raise _failure("migrate_pages", ctypes.get_errno(), "pid %d, nodes %s -> %s" % (
+            pid, _fmt(sources), _fmt(targets)), None, "")
+    return left
 
 
 def _syscall(call: str, *args: object) -> int:

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from fractions import Fraction
     from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["PlacementError", "Request", "Plan", "plan", "parse_size", "parse_cpulist",
+__all__ = ["PlacementError", "Request", "Plan", "plan", "plan_instances", "parse_size", "parse_cpulist",
            "format_cpulist", "parse_headroom"]
 
 # What the kernel assumes between two nodes when firmware gives no SLIT.
@@ -405,7 +405,27 @@ class Plan(_Record):
 
 def plan(topology: Dict[str, Any], request: Request) -> Plan:
     """The placement of ``request.instance`` on ``topology``; raises PlacementError if impossible."""
-    hints = _gather_hints(topology, request)
+    return _plan_with(_gather_hints(topology, request), request)
+
+
+def plan_instances(topology: Dict[str, Any], request: Request) -> List[Union[Plan, PlacementError]]:
+    """plan() of every instance of ``request`` (0 to instances-1): each its Plan or the PlacementError
+    plan() raises for it. The hints are read once: they depend on the topology and the reserved CPUs,
+    not on the instance, and on a 64-node machine they were most of planning its 64 instances."""
+    try:
+        hints = _gather_hints(topology, request)
+    except PlacementError as error:
+        return [error] * request.instances
+    results = []  # type: List[Union[Plan, PlacementError]]
+    for index in range(request.instances):
+        try:
+            results.append(_plan_with(hints, Request.from_options(dict(request.to_dict(), instance=index))))
+        except PlacementError as error:
+            results.append(error)
+    return results
+
+
+def _plan_with(hints: _Hints, request: Request) -> Plan:
     _check_fits_host(hints, request)
     placements, notes = _simulate(hints, request)
     mine = placements[request.instance]

@@ -1,0 +1,145 @@
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The fleet report's model (controller side), from every host's registered numa_metrics result.
+
+``numa_fleet_report(hostvars, hosts, var)`` gives one entry per host: its nodes (CPUs, memory, free
+memory, GPUs), balancing state, deployed instances (policy, nodes, locality anon/file, drift,
+affinity), the services it would run (planned, not deployed) and warnings; hosts without a result
+(unreachable, failed, skipped) are listed with the reason. The Markdown and HTML templates of
+playbooks/fleet_report.yml only lay it out. ``numa_fleet_report_dir(given)`` is where the report goes:
+the directory given, else the current one; never inside an installed collection.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from ansible.errors import AnsibleFilterError
+
+BALANCING = {0: "off", 1: "ON (NUMA hinting faults migrate pages)", 2: "memory tiering", 3: "ON + memory tiering"}
+GIB = 1024.0 ** 3
+
+
+def numa_fleet_report(hostvars: Mapping[str, Any], hosts: Sequence[str], var: str = "fleet_report_result") -> Dict[str, Any]:
+    """The report model: counts, one entry per host that answered, and the hosts that did not."""
+    answered = []
+    missing = []
+    for name in hosts:
+        result = (hostvars.get(name) or {}).get(var)
+        reason = _no_result(result)
+        if reason:
+            missing.append({"name": name, "error": reason})
+        else:
+            answered.append(host_entry(name, result))
+    instances = [row for host in answered for row in host["instances"]]
+    return {"host_count": len(hosts), "answered": answered, "missing": missing,
+            "instance_count": len(instances),
+            "drifted": sum(1 for row in instances if row["drift"]),
+            "balancing_on": sum(1 for host in answered if host["balancing_on"]),
+            "warned_hosts": sum(1 for host in answered if host["warnings"])}
+
+
+def _no_result(result: Any) -> Optional[str]:
+    if not isinstance(result, Mapping):
+        return "no result: the host was not reached or was skipped"
+    if result.get("unreachable"):
+        return "unreachable: %s" % _one_line(result.get("msg") or "no connection")
+    if result.get("failed"):
+        return "failed: %s" % _one_line(result.get("msg") or "no message")
+    if result.get("skipped"):
+        return "skipped: %s" % _one_line(result.get("skip_reason") or "condition false")
+    if not isinstance(result.get("host"), Mapping):
+        return "no NUMA reading in its result"
+    return None
+
+
+def _one_line(text: Any) -> str:
+    return " ".join(str(text).split())
+
+
+def host_entry(name: str, result: Mapping[str, Any]) -> Dict[str, Any]:
+    host = result["host"]
+    topology = result.get("topology") or {}
+    free = dict((node["id"], node.get("memory_free_bytes")) for node in host.get("nodes") or [])
+    nodes = [{"id": node["id"], "cpus": node.get("cpus"), "cpulist": node.get("cpulist") or "",
+              "memory": _gib(node.get("memory_total_bytes")), "free": _gib(free.get(node["id"])),
+              "gpus": ", ".join(node.get("gpus") or []) or "-"} for node in topology.get("nodes") or []]
+    balancing = host.get("numa_balancing")
+    instances = [_instance_row(entry) for entry in result.get("instances") or []]
+    planned = [_planned_row(entry) for entry in result.get("planned") or []]
+    warnings = _warnings(balancing, instances, planned, result)
+    return {"name": name, "node_count": host.get("node_count"), "cpu_count": host.get("cpu_count"),
+            "gpu_count": host.get("gpu_count"), "nodes": nodes,
+            "balancing": BALANCING.get(balancing, "unknown (not readable)") if balancing is not None
+            else "unknown (not readable)",
+            "balancing_on": balancing in (1, 3), "instances": instances, "planned": planned, "warnings": warnings}
+
+
+def _gib(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else "%.1f" % (value / GIB)
+
+
+def _ratio(value: Any) -> str:
+    return "-" if value is None else "%.2f %%" % (100.0 * value)
+
+
+def _instance_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
+    local = entry.get("local_ratio") or {}
+    return {"unit": entry.get("unit"), "policy": entry.get("policy"), "nodes": entry.get("nodes"),
+            "cpulist": entry.get("cpulist"), "state": "up" if entry.get("up") else entry.get("state") or "down",
+            "anon": _ratio(local.get("anon")), "file": _ratio(local.get("file")),
+            "judged": _ratio(local.get("judged")), "minimum": "%g %%" % entry.get("min_local_percent", 99),
+            "drift": bool(entry.get("drift")),
+            "affinity": {True: "yes", False: "NO", None: "-"}[entry.get("affinity_match")],
+            "message": _one_line(entry.get("message") or "")}
+
+
+def _planned_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
+    return {"unit": entry.get("unit") or entry.get("service"), "policy": entry.get("policy") or "-",
+            "nodes": entry.get("nodes") or "-", "cpulist": entry.get("cpulist") or "-",
+            "threads": entry.get("threads") or 0, "gpus": ", ".join(entry.get("gpus") or []) or "-",
+            "port": entry.get("port") if entry.get("port") is not None else "-",
+            "error": _one_line(entry["error"]) if entry.get("error") else ""}
+
+
+def _warnings(balancing: Any, instances: List[Dict[str, Any]], planned: List[Dict[str, Any]],
+              result: Mapping[str, Any]) -> List[str]:
+    lines = []
+    if balancing in (1, 3):
+        lines.append("automatic NUMA balancing is on: the kernel moves pinned services' pages (numa_host turns it off)")
+    for row in instances:
+        if row["drift"]:
+            lines.append("%s drifted: %s of its pages on node(s) %s, below %s"
+                         % (row["unit"], row["judged"], row["nodes"], row["minimum"]))
+        if row["affinity"] == "NO":
+            lines.append("%s: a thread may run outside the plan's CPUs %s" % (row["unit"], row["cpulist"]))
+        if row["state"] != "up":
+            lines.append("%s is not running: %s" % (row["unit"], row["message"]))
+    lines.extend("%s cannot be placed: %s" % (row["unit"], row["error"]) for row in planned if row["error"])
+    lines.extend(_one_line(text) for text in result.get("read_warnings") or [])
+    return lines
+
+
+def numa_fleet_report_dir(given: Any = None) -> str:
+    """The report's directory: ``given`` (relative to the current one), else the current directory.
+
+    Refused inside an installed collection (a directory holding MANIFEST.json above it), which
+    ansible-galaxy may replace or that its users may not own.
+    """
+    directory = os.path.abspath(str(given) if given else os.getcwd())
+    probe = directory
+    while True:
+        if os.path.isfile(os.path.join(probe, "MANIFEST.json")) and os.path.isdir(os.path.join(probe, "plugins")):
+            raise AnsibleFilterError("fleet_report_dir %s is inside the installed collection %s: write the report "
+                                     "elsewhere, e.g. -e fleet_report_dir=$PWD/reports" % (directory, probe))
+        parent = os.path.dirname(probe)
+        if parent == probe:
+            return directory
+        probe = parent
+
+
+class FilterModule:
+    def filters(self) -> Dict[str, Any]:
+        return {"numa_fleet_report": numa_fleet_report, "numa_fleet_report_dir": numa_fleet_report_dir}

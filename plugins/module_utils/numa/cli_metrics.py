@@ -1,0 +1,58 @@
+"""``numa-pin metrics``: its options, the textfile it writes and the drift lines it logs; metrics.py's CLI side.
+
+Imported only when the command is ``metrics``, so numa-pin exec's start path stays lean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from . import metrics
+from .audit import run_command
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import TextIO
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``numa-pin metrics`` on its subparser."""
+    parser.add_argument("--textfile-dir", default=metrics.TEXTFILE_DIR,
+                        help="node_exporter's textfile collector directory; %s is written there atomically "
+                             "(default: %%(default)s)" % metrics.TEXTFILE_NAME)
+    parser.add_argument("--stdout", action="store_true", help="print the metrics instead of writing the textfile")
+    parser.add_argument("--json", action="store_true", help="print the snapshot as JSON instead of writing the textfile")
+    parser.add_argument("--plan-dir", default=metrics.PLAN_DIR,
+                        help="where the inference_service role wrote the plan records (default: %(default)s)")
+    parser.add_argument("--state-dir", default=metrics.STATE_DIR,
+                        help="where drift actions are counted and rate-limited (default: %(default)s)")
+    parser.add_argument("--drift-interval", type=float, default=metrics.DEFAULT_DRIFT_INTERVAL,
+                        help="seconds an instance's on_drift action waits before it is taken again "
+                             "(default: %(default)s)")
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO = sys.stderr) -> int:
+    """Collect, log (and act on) drift, write the textfile or print; NumaError is left to the CLI's edge.
+
+    --stdout and --json are a look, not the timer's run: drift is logged, never acted on.
+    """
+    metrics.check_interval(args.drift_interval)
+    snapshot = metrics.collect("/", args.plan_dir, run_command)
+    looking = args.stdout or args.json
+    actions = {} if looking else metrics.read_actions(args.state_dir)
+    lines, changed = metrics.drift_actions(snapshot["instances"], actions, args.drift_interval, time.time(),
+                                           run_command, act=not looking)
+    for line in ["warning: %s" % warning for warning in snapshot["warnings"]] + lines:
+        err.write("numa-pin metrics: %s\n" % line)
+    if changed:
+        metrics.write_actions(args.state_dir, actions)
+    if args.json:
+        out.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
+    elif args.stdout:
+        out.write(metrics.render(snapshot, actions))
+    else:
+        metrics.write_textfile(args.textfile_dir, metrics.render(snapshot, actions))
+    return 0

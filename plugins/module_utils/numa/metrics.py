@@ -1,0 +1,548 @@
+"""Continuous proof: each deployed instance's locality and the host's NUMA state as Prometheus metrics.
+
+``collect`` reads, for every plan record a deployment left (``<plan_dir>/<service>@<i>.plan.json``,
+written by the inference_service role), where the instance's pages really are (audit.py, from
+``numa_maps``) and whether its threads stay on the plan's CPUs, and for the host
+``kernel.numa_balancing``, each node's CPUs, GPUs, free memory and allocation counters
+(numastat.py). ``render`` turns that snapshot into node_exporter's textfile format; ``write_textfile``
+puts it in the textfile collector's directory atomically (an unpredictable temporary name in that
+directory, fsync, rename), so a scrape never sees half a file.
+
+Drift: a ``bind`` instance whose share of pages on its plan's nodes falls below its
+``min_local_percent`` shows ``inferops_numa_instance_drift 1``; ``drift_actions`` says in the journal
+which pages are where and, where the service opted in (``on_drift``), acts at most once per
+``interval`` per instance: ``evict`` moves the instance's pages on other nodes back to its plan's nodes
+(migrate_pages(2), as ``migratepages`` does), ``restart`` restarts the unit (numa-pin exec places it
+again and drops remote page cache of its model at start).
+
+numa-pin runs this as root from a systemd timer. So the plan records and the services' audit
+settings it acts on are trusted only as root wrote them (regular files, owned by root, writable by
+no one else), and the textfile and state directories are reached from ``/`` one directory at a time
+without following a link (so no directory above them can swap in another) and refused when anyone
+but root owns them or may write them: Debian's /var/lib/prometheus belongs to prometheus, its
+node-exporter directory to root.
+"""
+
+import errno
+import json
+import os
+import re
+import stat
+import time
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import audit
+from .cpulist import format_cpulist
+from .errors import NumaError
+
+PLAN_DIR = "/etc/inferops-numa"
+TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+STATE_DIR = "/var/lib/inferops-numa"
+TEXTFILE_NAME = "inferops_numa.prom"
+STATE_NAME = "drift-actions.json"
+PREFIX = "inferops_numa_"
+ON_DRIFT = ("none", "evict", "restart")
+DEFAULT_DRIFT_INTERVAL = 3600
+# What a service is held to when the deployment left no audit settings for it: the role's defaults.
+DEFAULT_SETTINGS = {"audit": True, "min_local_percent": 99.0, "pages": "all", "on_drift": "none"}
+NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
+MAX_JSON_BYTES = 1 << 20
+
+_PLAN_NAME = re.compile(r"^([A-Za-z0-9:_.-]+)@([0-9]{1,5})\.plan\.json$")
+_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+Snapshot = Dict[str, Any]
+Migrate = Callable[[int, Sequence[int], Sequence[int]], int]
+
+
+# --- reading --------------------------------------------------------------------------------------
+
+
+def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[audit.CommandRunner] = None,
+            topology: Optional[Dict[str, Any]] = None, page_size: Optional[int] = None,
+            clock: Callable[[], float] = time.time) -> Snapshot:
+    """The host's NUMA state and every recorded instance's locality, as one dict (see render)."""
+    began = clock()
+    warnings = []  # type: List[str]
+    if topology is None:
+        from .topology import read
+
+        topology = read(root)
+    host = _host(root, topology, warnings)
+    records = read_records(plan_dir, warnings)
+    instances = _instances(root, records, run or audit.run_command, page_size, began, warnings)
+    return {"root": root, "plan_dir": plan_dir, "host": host, "instances": instances, "warnings": warnings,
+            "timestamp_seconds": round(began, 3), "duration_seconds": round(max(clock() - began, 0.0), 6)}
+
+
+def _host(root: str, topology: Mapping[str, Any], warnings: List[str]) -> Dict[str, Any]:
+    from .numastat import read_counters
+
+    try:
+        counters = read_counters(root)["nodes"]
+    except NumaError as exc:
+        counters = {}
+        warnings.append(str(exc))
+    nodes = []
+    for node in topology.get("nodes", []):
+        nodes.append({"id": node["id"], "cpus": len(node.get("cpus") or []), "gpus": len(node.get("gpus") or []),
+                      "memory_total_bytes": _kib(node.get("memory_total_kb")),
+                      "memory_free_bytes": _kib(node.get("memory_free_kb")),
+                      "counters": counters.get(node["id"], {})})
+    warnings.extend(topology.get("warnings") or [])
+    return {"numa_balancing": (topology.get("kernel") or {}).get("numa_balancing"), "nodes": nodes,
+            "node_count": len(nodes), "cpu_count": sum(node["cpus"] for node in nodes),
+            "gpu_count": len(topology.get("gpus") or [])}
+
+
+def _kib(value: Any) -> Optional[int]:
+    return value * 1024 if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def read_records(plan_dir: str, warnings: List[str]) -> List[Dict[str, Any]]:
+    """Every instance's plan record and its service's audit settings, sorted by unit; a record that
+    cannot be trusted or read is left out with a warning."""
+    try:
+        names = sorted(os.listdir(plan_dir))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        warnings.append("cannot list the plan directory %s (%s): no instance is measured" % (plan_dir, exc.strerror))
+        return []
+    records = []
+    settings = {}  # type: Dict[str, Dict[str, Any]]
+    for name in names:
+        match = _PLAN_NAME.match(name)
+        if not match:
+            continue
+        service, index = match.group(1), int(match.group(2))
+        try:
+            plan, mtime = read_trusted_json(os.path.join(plan_dir, name))
+            if service not in settings:
+                settings[service] = service_settings(plan_dir, service)
+        except NumaError as exc:
+            warnings.append(str(exc))
+            continue
+        records.append({"service": service, "index": index, "unit": "%s@%d.service" % (service, index),
+                        "plan": plan, "plan_mtime": mtime, "settings": settings[service]})
+    return sorted(records, key=lambda record: (record["service"], record["index"]))
+
+
+def service_settings(plan_dir: str, service: str) -> Dict[str, Any]:
+    """``<plan_dir>/<service>.audit.json`` (the role writes it): how the service is judged and what
+    drift does; the role's defaults where there is none."""
+    path = os.path.join(plan_dir, "%s.audit.json" % service)
+    try:
+        written, _mtime = read_trusted_json(path)
+    except FileNotFoundError:
+        return dict(DEFAULT_SETTINGS)
+    settings = dict(DEFAULT_SETTINGS)
+    settings.update((key, written[key]) for key in DEFAULT_SETTINGS if key in written)
+    try:
+        audit.check_judging(settings["min_local_percent"], settings["pages"])
+    except NumaError as exc:
+        raise NumaError("%s: %s" % (path, exc)) from None
+    if settings["on_drift"] not in ON_DRIFT or not isinstance(settings["audit"], bool):
+        raise NumaError("%s: on_drift must be one of %s and audit true or false; deploy the service again with "
+                        "the inference_service role" % (path, ", ".join(ON_DRIFT)))
+    return settings
+
+
+def read_trusted_json(path: str) -> Tuple[Dict[str, Any], float]:
+    """(a JSON object, its file's mtime) from a regular file, not through a link, that only root (or
+    this process's user) may write; FileNotFoundError when there is none."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise NumaError("cannot open %s (%s): it must be a regular file, not a symbolic link; deploy the "
+                        "service again with the inference_service role" % (path, exc.strerror)) from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            raise NumaError("ignoring %s (uid %d, mode %04o): only a regular file that root alone may write is "
+                            "trusted; chown root and chmod go-w it, or deploy the service again"
+                            % (path, info.st_uid, stat.S_IMODE(info.st_mode)))
+        data = os.read(fd, MAX_JSON_BYTES + 1)
+    finally:
+        os.close(fd)
+    try:
+        value = json.loads(data.decode("utf-8")) if len(data) <= MAX_JSON_BYTES else None
+    except (UnicodeDecodeError, ValueError):
+        value = None
+    if not isinstance(value, dict):
+        raise NumaError("ignoring %s: not a JSON object of at most %d bytes; deploy the service again with the "
+                        "inference_service role" % (path, MAX_JSON_BYTES))
+    return value, info.st_mtime
+
+
+def _instances(root: str, records: List[Dict[str, Any]], run: audit.CommandRunner, page_size: Optional[int],
+               now: float, warnings: List[str]) -> List[Dict[str, Any]]:
+    if not records:
+        return []
+    try:
+        shown = audit.show_units([record["unit"] for record in records], run)
+    except NumaError as exc:
+        warnings.append(str(exc))
+        shown = {}
+    return [_instance(root, record, shown.get(record["unit"], {}), page_size, now) for record in records]
+
+
+def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], page_size: Optional[int],
+              now: float) -> Dict[str, Any]:
+    plan, settings = record["plan"], record["settings"]
+    mem_nodes = sorted(int(node) for node in plan.get("mem_nodes") or [] if isinstance(node, int))
+    entry = {"unit": record["unit"], "service": record["service"], "index": record["index"],
+             "policy": str(plan.get("policy") or "unknown"), "mem_nodes": mem_nodes,
+             "nodes": format_cpulist(mem_nodes), "cpulist": str(plan.get("cpulist") or ""),
+             "plan_age_seconds": round(max(now - record["plan_mtime"], 0.0), 3),
+             "min_local_percent": settings["min_local_percent"], "pages": settings["pages"],
+             "on_drift": settings["on_drift"], "judged": settings["audit"],
+             "state": props.get("ActiveState") or "unknown", "up": False, "pids": [],
+             "local_ratio": {"anon": None, "file": None, "judged": None},
+             "resident_bytes": {"anon": None, "file": None}, "remote_bytes": {"anon": None, "file": None},
+             "affinity_match": None, "drift": False, "remote_nodes": {}, "message": ""}
+    if entry["state"] != "active" or int(props.get("MainPID") or 0) <= 0:
+        entry["message"] = "%s is not running (ActiveState=%s)" % (record["unit"], entry["state"])
+        return entry
+    try:
+        report = audit.audit_props(root, record["unit"], props, [], plan, settings["min_local_percent"],
+                                   settings["pages"], page_size)
+    except NumaError as exc:
+        entry["message"] = str(exc)
+        return entry
+    _add_report(entry, report)
+    return entry
+
+
+def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
+    local = set(entry["mem_nodes"])
+    for kind in ("anon", "file"):
+        on_node = dict((int(node), counts[kind + "_bytes"]) for node, counts in report["nodes"].items())
+        entry["resident_bytes"][kind] = sum(on_node.values())
+        entry["remote_bytes"][kind] = sum(count for node, count in on_node.items() if node not in local)
+    entry["remote_nodes"] = dict(
+        (node, {"anon_bytes": counts["anon_bytes"], "file_bytes": counts["file_bytes"]})
+        for node, counts in report["nodes"].items() if int(node) not in local
+        and counts["anon_bytes"] + counts["file_bytes"])
+    entry["local_ratio"] = {"anon": _ratio(report.get("anon_local_percent")),
+                            "file": _ratio(report.get("file_local_percent")),
+                            "judged": _ratio(report.get("local_percent"))}
+    entry["pids"] = [process["pid"] for process in report["processes"]]
+    entry["up"] = True
+    entry["affinity_match"] = not any(process["threads_outside"] for process in report["processes"])
+    judged = report.get("local_percent")
+    entry["drift"] = bool(entry["judged"] and entry["policy"] in audit.ENFORCED_POLICIES and judged is not None
+                          and judged < entry["min_local_percent"])
+    entry["message"] = report["msg"]
+
+
+def _ratio(percent: Optional[float]) -> Optional[float]:
+    return None if percent is None else round(percent / 100.0, 4)
+
+
+# --- the textfile ----------------------------------------------------------------------------------
+
+
+class Family:
+    """One metric family: its name, type, HELP text and samples (labels, value)."""
+
+    def __init__(self, name: str, kind: str, help_text: str) -> None:
+        self.name, self.kind, self.help_text = PREFIX + name, kind, help_text
+        self.samples = []  # type: List[Tuple[Dict[str, str], float]]
+
+    def add(self, labels: Mapping[str, Any], value: Any) -> None:
+        if value is not None:
+            self.samples.append((dict((key, str(item)) for key, item in labels.items()), value))
+
+    def text(self) -> str:
+        lines = ["# HELP %s %s" % (self.name, _help_escape(self.help_text)), "# TYPE %s %s" % (self.name, self.kind)]
+        for labels, value in self.samples:
+            inner = ",".join('%s="%s"' % (key, _label_escape(item)) for key, item in sorted(labels.items()))
+            lines.append("%s%s %s" % (self.name, "{%s}" % inner if inner else "", _number(value)))
+        return "\n".join(lines) + "\n"
+
+
+def _help_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _label_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return repr(float(value))
+
+
+def render(snapshot: Mapping[str, Any], actions: Optional[Mapping[str, Mapping[str, Any]]] = None) -> str:
+    """The snapshot in Prometheus' text exposition format (what node_exporter's textfile collector reads):
+    base units (bytes, seconds, ratios 0-1), counters ending in ``_total``, one HELP and TYPE per family."""
+    families = _host_families(snapshot["host"]) + _instance_families(snapshot["instances"], actions or {})
+    own = [Family("metrics_timestamp_seconds", "gauge", "When numa-pin metrics last read the host (Unix time)."),
+           Family("metrics_duration_seconds", "gauge", "How long numa-pin metrics took to read the host."),
+           Family("metrics_warnings", "gauge", "Problems numa-pin metrics met reading the host (see its journal).")]
+    own[0].add({}, snapshot["timestamp_seconds"])
+    own[1].add({}, snapshot["duration_seconds"])
+    own[2].add({}, len(snapshot["warnings"]))
+    return "".join(family.text() for family in families + own if family.samples)
+
+
+def _host_families(host: Mapping[str, Any]) -> List[Family]:
+    balancing = Family("kernel_numa_balancing", "gauge",
+                       "kernel.numa_balancing: 0 off, 1 on (the kernel migrates pages towards the CPUs using them), "
+                       "2 memory tiering, 3 both.")
+    balancing.add({}, host["numa_balancing"])
+    nodes = Family("nodes", "gauge", "NUMA nodes of the host.")
+    nodes.add({}, host["node_count"])
+    cpus = Family("node_cpus", "gauge", "CPUs of the NUMA node.")
+    gpus = Family("node_gpus", "gauge", "GPUs attached to the NUMA node (PCI locality).")
+    total = Family("node_memory_total_bytes", "gauge", "Memory of the NUMA node.")
+    free = Family("node_memory_free_bytes", "gauge", "Free memory of the NUMA node.")
+    counters = dict((name, Family("node_%s_total" % name, "counter",
+                                  "Pages allocated, kernel numastat %s of the node (%s)." % (name, meaning)))
+                    for name, meaning in _COUNTER_MEANINGS)
+    for node in host["nodes"]:
+        labels = {"node": node["id"]}
+        cpus.add(labels, node["cpus"])
+        gpus.add(labels, node["gpus"])
+        total.add(labels, node["memory_total_bytes"])
+        free.add(labels, node["memory_free_bytes"])
+        for name, family in counters.items():
+            family.add(labels, node["counters"].get(name))
+    return [balancing, nodes, cpus, gpus, total, free] + list(counters.values())
+
+
+_COUNTER_MEANINGS = (
+    ("numa_hit", "placed on the node its memory policy intended"),
+    ("numa_miss", "placed here although the policy intended another node"),
+    ("numa_foreign", "intended for this node, placed on another"),
+    ("other_node", "placed here for a task running on another node"),
+    ("local_node", "placed here for a task running on this node"),
+    ("interleave_hit", "interleave policy pages placed on the node it intended"),
+)
+
+
+def _instance_families(instances: Sequence[Mapping[str, Any]],
+                       actions: Mapping[str, Mapping[str, Any]]) -> List[Family]:
+    up = Family("instance_up", "gauge", "1 when the instance's unit is active and its processes were measured.")
+    local = Family("instance_local_ratio", "gauge",
+                   "Share of the instance's resident pages (memory=anon or file) on its plan's nodes.")
+    judged = Family("instance_judged_local_ratio", "gauge",
+                    "Share of the pages its min_local_percent judges (pages=all: anon + file) on its plan's nodes.")
+    minimum = Family("instance_min_local_ratio", "gauge", "The instance's min_local_percent as a ratio.")
+    drift = Family("instance_drift", "gauge",
+                   "1 when a bound instance's judged local ratio is below its min_local_ratio.")
+    resident = Family("instance_resident_bytes", "gauge", "Resident anon or file memory of the instance.")
+    remote = Family("instance_remote_bytes", "gauge", "Resident anon or file memory of the instance off its plan's nodes.")
+    affinity = Family("instance_affinity_match", "gauge",
+                      "1 when every thread of the instance may run only on its plan's CPUs and last ran on one.")
+    age = Family("instance_plan_age_seconds", "gauge", "Seconds since the instance's plan record was written.")
+    taken = Family("instance_drift_actions_total", "counter", "Drift actions (evict, restart) taken on the instance.")
+    for entry in instances:
+        labels = {"unit": entry["unit"], "service": entry["service"], "policy": entry["policy"],
+                  "nodes": entry["nodes"]}
+        up.add(labels, entry["up"])
+        age.add(labels, entry["plan_age_seconds"])
+        minimum.add(labels, round(entry["min_local_percent"] / 100.0, 6))
+        taken_here = (actions.get(entry["unit"]) or {}).get("counts") or {}
+        for action in ON_DRIFT[1:]:
+            taken.add(dict(labels, action=action), int(taken_here.get(action, 0)))
+        if not entry["up"]:
+            continue
+        for kind in ("anon", "file"):
+            local.add(dict(labels, memory=kind), entry["local_ratio"][kind])
+            resident.add(dict(labels, memory=kind), entry["resident_bytes"][kind])
+            remote.add(dict(labels, memory=kind), entry["remote_bytes"][kind])
+        judged.add(dict(labels, pages=entry["pages"]), entry["local_ratio"]["judged"])
+        drift.add(labels, entry["drift"])
+        affinity.add(labels, entry["affinity_match"])
+    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken]
+
+
+# --- files written as root -------------------------------------------------------------------------
+
+
+def open_private_directory(path: str, what: str) -> int:
+    """A descriptor of directory ``path`` (made 0755 if missing), reached from ``/`` one directory at a
+    time without following a link; refused when anyone but root (or this user) owns it or may write it.
+
+    Each step opens a name relative to the descriptor of the directory before it, never through a
+    link, and the last directory is checked through its own descriptor; so whoever owns a directory
+    above it cannot swap in another one, and only the last one's owner and mode matter."""
+    if not os.path.isabs(path):
+        raise NumaError("the %s %s is not an absolute path: give one like %s" % (what, path, TEXTFILE_DIR))
+    names = [name for name in path.split("/") if name not in ("", ".")]
+    if ".." in names:
+        raise NumaError("the %s %s holds '..': give the directory's own path" % (what, path))
+    fd = os.open("/", _WALK_FLAGS)
+    current = "/"
+    try:
+        for name in names:
+            current = os.path.join(current, name)
+            child = _subdirectory(fd, name, current, what)
+            os.close(fd)
+            fd = child
+        _check_directory(fd, current, what)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _subdirectory(parent: int, name: str, shown: str, what: str) -> int:
+    """The directory ``name`` in ``parent``, made if missing; never reached through a symbolic link."""
+    try:
+        return _open_walked(parent, name, shown, what)
+    except FileNotFoundError:
+        pass
+    try:
+        os.mkdir(name, 0o755, dir_fd=parent)
+    except FileExistsError:  # made meanwhile
+        pass
+    except OSError as exc:
+        raise NumaError("cannot create the %s %s: %s" % (what, shown, exc.strerror)) from None
+    try:
+        return _open_walked(parent, name, shown, what)
+    except FileNotFoundError:
+        raise NumaError("the %s %s was removed while it was being made: run again" % (what, shown)) from None
+
+
+def _open_walked(parent: int, name: str, shown: str, what: str) -> int:
+    """``name`` in ``parent`` as a directory descriptor; FileNotFoundError when it is missing."""
+    try:
+        return os.open(name, _WALK_FLAGS, dir_fd=parent)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise NumaError("refusing the %s %s: it is a symbolic link or not a directory; give a real directory "
+                            "that only root may write" % (what, shown)) from None
+        raise NumaError("cannot open the %s %s: %s" % (what, shown, exc.strerror)) from None
+
+
+def _check_directory(fd: int, shown: str, what: str) -> None:
+    info = os.fstat(fd)
+    if info.st_uid not in (0, os.geteuid()):
+        raise NumaError("refusing the %s %s: it is owned by uid %d, who could swap the files root writes there; "
+                        "chown root it, or give a directory that only root may write" % (what, shown, info.st_uid))
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise NumaError("refusing the %s %s (mode %04o): its group or others may write it; chmod go-w it, or give "
+                        "a directory that only root may write" % (what, shown, stat.S_IMODE(info.st_mode)))
+
+
+def write_atomically(directory: str, name: str, text: str, what: str, mode: int = 0o644) -> str:
+    """Write ``directory/name`` whole or not at all: an unpredictable temporary name there (never
+    ``*.prom``, which the collector would read), fsync, rename, fsync the directory. Its path."""
+    fd = open_private_directory(directory, what)
+    temporary = ".%s.%s.tmp" % (name, os.urandom(8).hex())
+    try:
+        try:
+            out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                          dir_fd=fd)
+            try:
+                os.fchmod(out, mode)
+                data = text.encode("utf-8")
+                while data:
+                    data = data[os.write(out, data):]
+                os.fsync(out)
+            finally:
+                os.close(out)
+            os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
+            temporary = ""
+            os.fsync(fd)
+        except OSError as exc:
+            raise NumaError("cannot write %s in the %s %s: %s; check the disk and that root may write there"
+                            % (name, what, directory, exc.strerror)) from None
+        finally:
+            if temporary:
+                try:
+                    os.unlink(temporary, dir_fd=fd)
+                except OSError:
+                    pass
+    finally:
+        os.close(fd)
+    return os.path.join(directory, name)
+
+
+def write_textfile(directory: str, text: str) -> str:
+    return write_atomically(directory, TEXTFILE_NAME, text, "textfile directory")
+
+
+# --- drift ----------------------------------------------------------------------------------------
+
+
+def read_actions(state_dir: str) -> Dict[str, Dict[str, Any]]:
+    """unit -> {"last_seconds": when its last action was taken, "counts": {action: n}}; {} when none yet."""
+    path = os.path.join(state_dir, STATE_NAME)
+    try:
+        value, _mtime = read_trusted_json(path)
+    except FileNotFoundError:
+        return {}
+    return dict((unit, entry) for unit, entry in value.items() if isinstance(entry, dict)
+                and isinstance(entry.get("last_seconds"), (int, float)) and isinstance(entry.get("counts"), dict))
+
+
+def drift_actions(instances: Sequence[Mapping[str, Any]], actions: Dict[str, Dict[str, Any]], interval: float,
+                  now: float, run: audit.CommandRunner, migrate: Optional[Migrate] = None,
+                  act: bool = True) -> Tuple[List[str], bool]:
+    """Journal lines for every drifted instance; with ``act``, the on_drift action of each that opted in
+    and last acted more than ``interval`` seconds ago, counted in ``actions``. (The lines, whether
+    ``actions`` changed.)"""
+    lines = []
+    changed = False
+    for entry in instances:
+        if not entry["drift"]:
+            continue
+        lines.append("drift: %s" % entry["message"])  # the audit's words: the share, and the remote pages per node
+        action = entry["on_drift"]
+        if action == "none" or not act:
+            continue
+        last = (actions.get(entry["unit"]) or {}).get("last_seconds")
+        if last is not None and now - last < interval:
+            lines.append("drift: %s: on_drift %s not taken: the last action was %.0f s ago, within the %g s "
+                         "interval" % (entry["unit"], action, now - last, interval))
+            continue
+        lines.append(_act(entry, action, run, migrate))
+        record = actions.setdefault(entry["unit"], {"last_seconds": now, "counts": {}})
+        record["last_seconds"] = now
+        record["counts"][action] = int(record["counts"].get(action, 0)) + 1
+        changed = True
+    return lines, changed
+
+
+def _act(entry: Mapping[str, Any], action: str, run: audit.CommandRunner, migrate: Optional[Migrate]) -> str:
+    unit = entry["unit"]
+    if action == "restart":
+        rc, out, err = run(["systemctl", "restart", "--", unit])
+        if rc != 0:
+            return "drift: %s: restart FAILED (rc %d): %s" % (unit, rc, (err or out).strip())
+        return "drift: %s: restarted (on_drift restart)" % unit
+    if migrate is None:
+        from .kernel import migrate_pages as migrate
+    remote = sorted(int(node) for node in entry["remote_nodes"])
+    notes = []
+    for pid in entry["pids"]:
+        try:
+            left = migrate(pid, remote, entry["mem_nodes"])
+            notes.append("PID %d: %s" % (pid, "moved" if not left else "%d pages could not be moved" % left))
+        except NumaError as exc:
+            notes.append("PID %d: NOT moved: %s" % (pid, exc))
+    return "drift: %s: pages on node(s) %s moved to node(s) %s (on_drift evict): %s" % (
+        unit, format_cpulist(remote), entry["nodes"], "; ".join(notes) or "no process")
+
+
+def write_actions(state_dir: str, actions: Mapping[str, Any]) -> str:
+    return write_atomically(state_dir, STATE_NAME, json.dumps(actions, indent=1, sort_keys=True) + "\n",
+                            "state directory", mode=0o600)
+
+
+def check_interval(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= audit.MAX_WAIT_SECONDS * 30:
+        raise NumaError("drift interval %s is not a number of seconds from 0 to %d: give one like %d"
+                        % (value, audit.MAX_WAIT_SECONDS * 30, DEFAULT_DRIFT_INTERVAL))
