@@ -3,10 +3,10 @@
 import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.inferops.numa.plugins.modules import numa_facts, numa_plan
 
+from tests.ansible_compat import patch_module_args
 from tests.fixtures import sysfs
 
 
