@@ -24,5 +24,21 @@ except ImportError:  # ansible-core < 2.19
 
 
 def clear_warnings(monkeypatch):
-    """An empty warning store for this test, of the type this core keeps (a list before 2.19, a dict since)."""
+    """An empty warning store for this test, of the type this core keeps (a list before 2.19, a dict since).
+
+    Since 2.19, importing controller code (ansible.errors: a filter plugin) sends module warnings to the
+    display instead of the result for the rest of the process; a test module that does so at import breaks
+    every warning test after it, so that is named here instead of failing them one by one.
+    """
+    assert not _controller_mode(), ("a test module imported ansible controller code (ansible.errors, a filter "
+                                    "plugin) in this process: module warnings no longer reach results; import it "
+                                    "in a subprocess")
     monkeypatch.setattr(ansible_warnings, "_global_warnings", type(ansible_warnings._global_warnings)())
+
+
+def _controller_mode():
+    try:
+        from ansible.module_utils import _internal
+    except ImportError:  # ansible-core < 2.19 has no such mode
+        return False
+    return getattr(_internal, "is_controller", False)
