@@ -43,7 +43,7 @@ def real_two_socket():
     result["latency_ratio"][1] = [None, 1.0]
     result["bandwidth_gbps"][1] = [None, 40.0]
     result["bandwidth_ratio"][1] = [None, 1.0]
-    result["unmeasured"] = {"1->0": "timed out after 9.0 s and was killed"}
+    result["unmeasured"] = {"1->0": "killed: it did not finish in the 9.0 s of the max_seconds=20 budget that were left"}
     return result
 
 
@@ -117,7 +117,7 @@ def test_markdown_report_shows_measured_and_slit_side_by_side_and_labels_them():
     assert "perf node-loads: unavailable (perf reports <not supported>)" in guest
     box = text[text.index("### box"):]
     assert "| **node 1** | - | 1.00 |" in box
-    assert "- 1->0: timed out after 9.0 s and was killed" in box
+    assert "- 1->0: killed: it did not finish in the 9.0 s of the max_seconds=20 budget that were left" in box
     assert "- **broken**: set_mempolicy(bind, nodes 1) failed with EPERM" in text
     assert "\n\n\n\n" not in text
 

@@ -223,8 +223,8 @@ def test_numa_cost_returns_what_it_documents(capsys, monkeypatch):
     runner, _ = test_cost_engine.fake_measurements(test_cost_engine.LAT, test_cost_engine.BW)
     measure = cost.measure
 
-    def two_node_measure(facts, options):  # the real engine on a two-node host, its children faked
-        return measure(test_cost_engine.two_nodes(), options, runner=runner, rng=random.Random(1))
+    def two_node_measure(facts, options, progress=None):  # the real engine on a two-node host, its children faked
+        return measure(test_cost_engine.two_nodes(), options, runner=runner, rng=random.Random(1), progress=progress)
     monkeypatch.setattr(cost, "measure", two_node_measure)
     result = _common(_run_module(numa_cost, {"buffer_mb": 1, "window_seconds": 0.1}, capsys))
     assert _keys(result, _returns(numa_cost)) == _documented(_returns(numa_cost))
