@@ -26,6 +26,7 @@ Python stdlib only; `image` needs root (mmdebstrap, mke2fs -d keeps ownership).
 """
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -38,10 +39,11 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Callable, Dict, Iterator, List, Optional, Union
 
 # --- image recipe: every constant here feeds the image hash -----------------
 
@@ -145,6 +147,9 @@ SSH_OPTIONS = [
 ]
 
 PathLike = Union[str, Path]
+# A step that takes longer says it is still at it this often (image build, boot and SSH wait, reboot).
+PROGRESS_SECONDS = 10.0
+PROGRESS_DETAIL = 100
 
 
 class LabError(Exception):
@@ -191,10 +196,46 @@ def state_dir(name: str) -> Path:
     return cache_root() / "run" / name
 
 
+# --- progress ---------------------------------------------------------------
+
+@contextlib.contextmanager
+def progress(what: str, log, detail: Callable[[], str] = lambda: "",
+             every: Optional[float] = None) -> Iterator[None]:
+    """Say every ``every`` seconds (PROGRESS_SECONDS) that ``what`` is still going, and how long it took so far,
+    until the block ends; ``detail()`` adds what is seen of it (the guest's console)."""
+    every = PROGRESS_SECONDS if every is None else every
+    started = time.monotonic()
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(every):
+            seen = detail()
+            print("labvm: %s: %.0f s so far%s" % (what, time.monotonic() - started, "; " + seen if seen else ""),
+                  file=log, flush=True)
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def serial_last_line(name: str) -> str:
+    """The guest console's last line (what the boot is at), cut to PROGRESS_DETAIL characters."""
+    lines = [line.strip() for line in serial_tail(name, 3).splitlines() if line.strip()]
+    text = "console: " + lines[-1] if lines and lines[-1] != "(no serial.log)" else ""
+    return text if len(text) <= PROGRESS_DETAIL else text[:PROGRESS_DETAIL - 3] + "..."
+
+
 # --- image ------------------------------------------------------------------
 
-def _run(argv: List[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+def _run(argv: List[str], what: str, log=None, **kwargs) -> subprocess.CompletedProcess:
+    """Run a step of the image build; with ``log``, say every PROGRESS_SECONDS that it still runs."""
     try:
+        if log is not None:
+            with progress("building the lab image: %s" % what, log):
+                return subprocess.run(argv, check=True, **kwargs)
         return subprocess.run(argv, check=True, **kwargs)
     except FileNotFoundError:
         raise LabError("%s: %s is not installed; install it (make apt, or apt-get install "
@@ -235,7 +276,7 @@ def _copy_boot_files(rootfs: Path, dest: Path) -> None:
     shutil.copyfile(str(initrds[-1]), str(dest / "initrd.img"))
 
 
-def _build_image(tmp: Path) -> None:
+def _build_image(tmp: Path, log) -> None:
     rootfs = tmp / "rootfs"
     key = tmp / "id_ed25519"
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "inferops-numa-lab",
@@ -245,13 +286,13 @@ def _build_image(tmp: Path) -> None:
             "--aptopt=Acquire::Languages \"none\""]
     argv += ["--dpkgopt=" + opt for opt in DPKG_OPTS]
     argv += [SUITE, str(rootfs)] + MIRRORS
-    _run(argv, "mmdebstrap")
+    _run(argv, "mmdebstrap (Debian %s, %d packages)" % (SUITE, len(PACKAGES)), log)
     _customize_rootfs(rootfs, (tmp / "id_ed25519.pub").read_text())
     # Rebuild the initrd with the lab's initramfs settings written just above.
-    _run(["chroot", str(rootfs), "update-initramfs", "-u", "-k", "all"], "update-initramfs")
+    _run(["chroot", str(rootfs), "update-initramfs", "-u", "-k", "all"], "update-initramfs", log)
     _copy_boot_files(rootfs, tmp)
     _run(["mke2fs", "-q", "-F", "-t", "ext4", "-L", "root", "-d", str(rootfs),
-          str(tmp / "disk.img"), DISK_SIZE], "mke2fs")
+          str(tmp / "disk.img"), DISK_SIZE], "mke2fs (the %s disk)" % DISK_SIZE, log)
     shutil.rmtree(str(rootfs))
     # Overlays reference this file as their backing store: it must never change.
     os.chmod(str(tmp / "disk.img"), 0o444)
@@ -280,7 +321,7 @@ def ensure_image(log=sys.stderr) -> Path:
         started = time.monotonic()
         try:
             print("building lab image %s (takes a few minutes)" % final.name, file=log)
-            _build_image(tmp)
+            _build_image(tmp, log)
             os.rename(str(tmp), str(final))
         finally:
             if tmp.exists():
@@ -505,7 +546,7 @@ def wait_for_ssh(info: Dict[str, object], timeout: float = BOOT_TIMEOUT,
         time.sleep(2)
 
 
-def reboot_wait(ref: InstanceRef, timeout: float = BOOT_TIMEOUT) -> float:
+def reboot_wait(ref: InstanceRef, timeout: float = BOOT_TIMEOUT, log=sys.stderr) -> float:
     """Reboot the guest and wait until SSH answers from the new boot; returns seconds."""
     info = _info(ref)
     old = run_ssh(info, "cat /proc/sys/kernel/random/boot_id").stdout.strip()
@@ -517,7 +558,9 @@ def reboot_wait(ref: InstanceRef, timeout: float = BOOT_TIMEOUT) -> float:
                        timeout=60, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         pass
-    wait_for_ssh(info, timeout, not_boot_id=old)
+    name = str(info["instance"])
+    with progress("rebooting %s, waiting for SSH" % name, log, lambda: serial_last_line(name)):
+        wait_for_ssh(info, timeout, not_boot_id=old)
     return time.monotonic() - started
 
 
@@ -601,8 +644,11 @@ def up(name: str, numa: int = 2, ssh_port: Optional[int] = None,
 def _boot_and_calibrate(info: Dict[str, object], timeout: float, started: float, log) -> None:
     name = str(info["instance"])
     try:
-        wait_for_ssh(info, timeout)
-        info["calibration"] = calibrate(info)
+        with progress("booting %s (TCG), waiting for SSH on port %s" % (name, info["port"]), log,
+                      lambda: serial_last_line(name)):
+            wait_for_ssh(info, timeout)
+        with progress("timing the calibration workload in %s" % name, log):
+            info["calibration"] = calibrate(info)
     except LabError:
         down(name)
         raise
@@ -626,7 +672,8 @@ def relayout(name: str, numa: int, timeout: float = BOOT_TIMEOUT, log=sys.stderr
     if info.get("numa") == numa:
         return info
     state = state_dir(name)
-    _power_off(info, timeout)
+    with progress("powering %s off" % name, log, lambda: serial_last_line(name)):
+        _power_off(info, timeout)
     started = time.monotonic()
     _launch(name, Path(str(info["image"])), state, numa, int(info["port"]))  # type: ignore[arg-type]
     info = dict(info, numa=numa)

@@ -4,16 +4,18 @@
     apt ──┬── image ─────────────┐      (background: the lab guest's disk, cached by recipe)
           ├── llama-server ──────┤      (background: compiled once, cached by recipe)
           └── venv ──────────────┴── molecule            (foreground: the lab, the longest phase)
-                 └── unit ── lint ── sanity              (background, niced: they fill the spare core)
+                 └── unit ── lint ── sanity ── matrix    (background, niced: they fill the spare core)
 
 The molecule lab is a chain of steps that each wait on the emulated guest, so it sets the pace; it
 starts as soon as the guest image and llama-server are there, and the Python checks run beside the
-builds and the lab at a lower priority, so they never slow it down.
+builds and the lab at a lower priority, so they never slow it down. matrix (tests/matrix.py) runs the
+tests that run Ansible on the oldest and the newest ansible-core the collection supports.
 
 Each phase writes build/logs/<phase>.log; foreground phases also print to the console. A failed
 phase does not stop the phases that do not need it, so one run reports every failure. The run
 ends with a table of the phases and their wall times (also in build/logs/phases.txt) and, for a
-failure, the failing checks and the log to read.
+failure, the failing checks and the log to read. While the console has been quiet for HEARTBEAT_SECONDS
+(a background build, a silent lab step), it says which phases run and the last line of each one's log.
 
 Python stdlib only: it runs before the venv exists.
 """
@@ -33,6 +35,8 @@ VENV_BIN = REPO / ".venv" / "bin"
 # The Python checks yield the CPU to the builds and the lab's emulated guest, which set the pace.
 CHECKS_NICENESS = 10
 LOG_COLUMNS = 200
+HEARTBEAT_SECONDS = 10.0
+HEARTBEAT_LINE = 110
 
 
 class Phase:
@@ -67,6 +71,8 @@ def phases() -> List[Phase]:
         Phase("lint", [str(VENV_BIN / "ansible-lint"), "--profile", "production"], ["venv"],
               background=True, after=["unit"], nice=CHECKS_NICENESS),
         Phase("sanity", ["tests/sanity.sh"], ["venv"], background=True, after=["lint"], nice=CHECKS_NICENESS),
+        Phase("matrix", [sys.executable, "tests/matrix.py"], ["venv"], background=True, after=["sanity"],
+              nice=CHECKS_NICENESS),
         Phase("molecule", [str(VENV_BIN / "molecule"), "test"], ["venv", "image", "llama-server"]),
     ]
 
@@ -86,7 +92,26 @@ def phase_environment(base: Dict[str, str]) -> Dict[str, str]:
     return env
 
 
-def run(phase: Phase, console_lock: threading.Lock) -> None:
+class Console:
+    """The terminal the phases share: one writer at a time, and when it last printed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last = time.monotonic()
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            print(text, flush=True)
+            self.last = time.monotonic()
+
+    def write(self, raw: bytes) -> None:
+        with self.lock:
+            sys.stdout.buffer.write(raw)
+            sys.stdout.flush()
+            self.last = time.monotonic()
+
+
+def run(phase: Phase, console: Console) -> None:
     phase.started = time.monotonic()
     LOGS.mkdir(parents=True, exist_ok=True)
     banner = "== %s: %s" % (phase.name, " ".join(phase.argv))
@@ -94,38 +119,56 @@ def run(phase: Phase, console_lock: threading.Lock) -> None:
         log.write(banner + "\n")
         log.flush()
         if phase.background:
-            _say(console_lock, "%s (background, log: %s)" % (banner, _rel(phase.log)))
+            console.say("%s (background, log: %s)" % (banner, _rel(phase.log)))
             code = subprocess.call(phase.argv, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, env=phase_environment(dict(os.environ)))
         else:
-            _say(console_lock, banner)
-            code = _tee(phase.argv, log)
+            console.say(banner)
+            code = _tee(phase.argv, log, console)
     phase.ended = time.monotonic()
     phase.status = "ok" if code == 0 else "FAILED (exit %d)" % code
-    _say(console_lock, "== %s: %s after %s" % (phase.name, phase.status, clock(phase.seconds)))
+    console.say("== %s: %s after %s" % (phase.name, phase.status, clock(phase.seconds)))
 
 
-def _tee(argv: List[str], log) -> int:
+def _tee(argv: List[str], log, console: Console) -> int:
     proc = subprocess.Popen(argv, cwd=str(REPO), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=phase_environment(dict(os.environ)))
     assert proc.stdout is not None
     for raw in iter(proc.stdout.readline, b""):
-        sys.stdout.buffer.write(raw)
-        sys.stdout.flush()
+        console.write(raw)
         log.write(raw.decode(errors="replace"))
+        log.flush()
     log.flush()
     return proc.wait()
 
 
-def _say(lock: threading.Lock, text: str) -> None:
-    with lock:
-        print(text, flush=True)
+def heartbeat(all_phases: List[Phase], origin: float) -> str:
+    """One line: the run's clock, then each running phase with its time and the last line of its log."""
+    parts = ["%s %s: %s" % (phase.name, clock(phase.seconds), last_line(phase.log) or "(no output yet)")
+             for phase in all_phases if phase.status == "running"]
+    return "... %s: %s" % (clock(time.monotonic() - origin), "; ".join(parts))
 
 
-def schedule(all_phases: List[Phase]) -> None:
+def last_line(path: Path) -> str:
+    """The log's last non-empty line, without terminal codes or molecule's box, cut to HEARTBEAT_LINE."""
+    try:
+        with open(str(path), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 4096))
+            tail = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [_TERMINAL_CODES.sub("", line).strip(" \u2502\u2500\t\r") for line in tail.splitlines()]
+    lines = [line for line in lines if line]
+    text = lines[-1] if lines else ""
+    return text if len(text) <= HEARTBEAT_LINE else text[:HEARTBEAT_LINE - 3] + "..."
+
+
+def schedule(all_phases: List[Phase], heartbeat_seconds: float = HEARTBEAT_SECONDS) -> None:
     """Background phases start as soon as their needs are met; foreground ones run one at a time."""
     by_name = {phase.name: phase for phase in all_phases}
-    lock = threading.Lock()
+    console = Console()
+    origin = time.monotonic()
     threads: Dict[str, threading.Thread] = {}
 
     def ready(phase: Phase) -> Optional[bool]:
@@ -142,12 +185,12 @@ def schedule(all_phases: List[Phase]) -> None:
 
     def launch(phase: Phase) -> None:
         phase.status = "running"
-        thread = threading.Thread(target=run, args=(phase, lock), daemon=True)
+        thread = threading.Thread(target=run, args=(phase, console), daemon=True)
         threads[phase.name] = thread
         thread.start()
 
     pending = list(all_phases)
-    while pending:
+    while pending or any(thread.is_alive() for thread in threads.values()):
         foreground_busy = any(p.status == "running" and not p.background for p in all_phases)
         for phase in list(pending):
             verdict = ready(phase)
@@ -159,6 +202,8 @@ def schedule(all_phases: List[Phase]) -> None:
                 launch(phase)
                 pending.remove(phase)
                 foreground_busy = foreground_busy or not phase.background
+        if time.monotonic() - console.last >= heartbeat_seconds and any(p.status == "running" for p in all_phases):
+            console.say(heartbeat(all_phases, origin))
         time.sleep(0.2)
     for thread in threads.values():
         thread.join()

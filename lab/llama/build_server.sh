@@ -95,6 +95,17 @@ compile_server() {
     cp -a "$scratch/build/bin/." "$out/bin/"
 }
 
+# Every 10 s until the compile ends (or this script does), how long it has run and the build log's last
+# "[ NN%] ..." line, on stderr: the compile takes minutes and writes only to its log.
+report_progress() {
+    local log="$1" start=$SECONDS line
+    while sleep "${BUILD_PROGRESS_SECONDS:-10}" && kill -0 "$$" 2>/dev/null; do
+        line="$(grep -a -o '^\[ *[0-9]*%\].*' "$log" 2>/dev/null | tail -n 1 | cut -c1-100 || true)"
+        printf 'build_server: compiling llama-server, %d:%02d so far: %s\n' \
+            $(( (SECONDS - start) / 60 )) $(( (SECONDS - start) % 60 )) "${line:-configuring}" >&2
+    done
+}
+
 # Returns the directory of the compiled binaries for this version and these flags, compiling on a miss.
 cached_build() {
     local key dir
@@ -104,8 +115,12 @@ cached_build() {
         local sdist tmp="$work/compile"
         sdist="$(fetch_sdist)"
         mkdir -p "$tmp/out"
-        local start=$SECONDS
+        local start=$SECONDS watcher
+        # Not on this function's stdout, which $(cached_build) reads to its end.
+        report_progress "$tmp/out/build.log" >/dev/null &
+        watcher=$!
         compile_server "$sdist" "$tmp/out" "$tmp/out/build.log" "$tmp/scratch"
+        kill "$watcher" 2>/dev/null || true
         echo "$(( SECONDS - start ))" >"$tmp/out/compile-seconds"
         rm -rf "$dir" "$tmp/scratch"
         mkdir -p "$CACHE_ROOT/compiled"

@@ -178,6 +178,7 @@ unit:
   description: The audited unit.
   returned: when O(unit) is given
   type: str
+  sample: llama@1.service
 units:
   description: With O(units), one report per unit, in the order given; each has the keys C(unit), C(ok),
     C(msg) and, when the unit could be read, the other keys returned for a single O(unit).
@@ -195,48 +196,64 @@ processes:
     pid:
       description: Process ID.
       type: int
+      sample: 4242
     name:
       description: Process name (C(Name:) of its status).
       type: str
+      sample: llama-server
     cpus_allowed:
       description: C(Cpus_allowed_list) of the main thread.
       type: str
+      sample: 28-55,84-111
     mems_allowed:
       description: C(Mems_allowed_list) of the main thread (cpuset, not memory policy).
       type: str
+      sample: 0-1
     thread_count:
       description: Number of threads read.
       type: int
+      sample: 57
     threads_outside:
       description: Threads allowed or last seen on a CPU outside the plan, with tid, name, cpus_allowed,
         mems_allowed and last_cpu.
       type: list
       elements: dict
+      sample: [{"tid": 4250, "name": "llama-server", "cpus_allowed": "0-111", "mems_allowed": "0-1", "last_cpu": 3}]
     policies:
       description: Resident bytes per memory policy as numa_maps prints it (C(bind:1), C(default) ...).
       type: dict
+      sample: {"bind:1": 15230976000, "default": 2912256}
     nodes:
       description: Per node id, C(anon_bytes), C(file_bytes), C(code_bytes), C(anon_pages), C(file_pages),
         C(code_pages) (pages in the base page size; a hugetlb page counts as many base pages).
       type: dict
+      sample: {"1": {"anon_bytes": 4096000, "file_bytes": 34631680, "code_bytes": 491520, "anon_pages": 1000,
+                     "file_pages": 8455, "code_pages": 120}}
     resident_bytes:
       description: Resident bytes seen in numa_maps.
       type: int
+      sample: 39219200
     without_memory:
       description: Why the process has no memory of its own to audit (a kernel thread, a zombie), or null.
       type: str
+      sample: "PID 2 (kthreadd) is a kernel thread (PF_KTHREAD in /proc/2/stat): it has no memory of its own;
+        give the PID of the service's process"
     local_percent:
       description: Share of the selected pages on the plan's memory nodes (with a plan).
       type: float
+      sample: 99.98
     anon_local_percent:
       description: Same for anonymous pages only (with a plan).
       type: float
+      sample: 100.0
     file_local_percent:
       description: Same for file-backed data pages only (with a plan).
       type: float
+      sample: 99.97
     code_local_percent:
       description: Same for program and library code (with a plan; never enforced).
       type: float
+      sample: 3.1
 nodes:
   description: Totals over all processes, per node id, with the keys of C(processes[].nodes).
   returned: with O(unit) or O(pids)
@@ -249,6 +266,7 @@ resident_bytes:
   description: Total resident bytes of all processes.
   returned: with O(unit) or O(pids)
   type: int
+  sample: 39219200
 local_percent:
   description: Share of the selected pages (O(pages)) on the plan's memory nodes; null without a plan or memory.
     This is the number O(min_local_percent) is compared with.
@@ -256,21 +274,25 @@ local_percent:
   type: float
   sample: 99.98
 remote_percent:
-  description: 100 - local_percent.
+  description: 100 - local_percent; null without a plan or memory.
   returned: with O(unit) or O(pids)
   type: float
+  sample: 0.02
 anon_local_percent:
-  description: Local share of anonymous pages.
+  description: Local share of anonymous pages; null without a plan or such pages.
   returned: with O(unit) or O(pids)
   type: float
+  sample: 100.0
 file_local_percent:
-  description: Local share of file-backed data pages.
+  description: Local share of file-backed data pages; null without a plan or such pages.
   returned: with O(unit) or O(pids)
   type: float
+  sample: 99.97
 code_local_percent:
   description: Local share of program and library code (reported, never enforced).
   returned: with O(unit) or O(pids)
   type: float
+  sample: 3.1
 interleave_percent:
   description: For interleave plans, the share of each node of the interleave set in the memory on that set.
   returned: with O(unit) or O(pids)
@@ -296,10 +318,12 @@ pages:
   description: The O(pages) selection used for local_percent.
   returned: with O(unit) or O(pids)
   type: str
+  sample: all
 min_local_percent:
   description: The threshold used.
   returned: with O(unit) or O(pids)
   type: float
+  sample: 99.0
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -136,6 +136,7 @@ bandwidth_gbps:
   returned: always
   type: list
   elements: list
+  sample: [[41.8, 27.9], [28.1, 41.5]]
 latency_ratio:
   description: latency_ns divided by the row's local column (see RV(local_reference)); above 1 is slower.
   returned: always
@@ -147,6 +148,7 @@ bandwidth_ratio:
   returned: always
   type: list
   elements: list
+  sample: [[1.0, 0.67], [0.68, 1.0]]
 distance:
   description: The firmware's SLIT distance matrix (not a measurement).
   returned: always
@@ -165,6 +167,7 @@ local_reference:
   returned: always
   type: list
   elements: int
+  sample: [0, 1]
 unmeasured:
   description: "Pair C(cpu->mem) (e.g. C(0->1)) -> why it has no numbers."
   returned: always
@@ -180,6 +183,7 @@ notes:
   returned: always
   type: list
   elements: str
+  sample: ["CPU node 1: its local pair was not measured, so its row has no ratios"]
 remote_ratio:
   description:
     - Allocation counters over the window per node (C(nodes), with C(remote_share) and C(miss_share)) and host-wide
@@ -188,6 +192,13 @@ remote_ratio:
       counters.
   returned: always
   type: dict
+  sample: {"window_seconds": 1.0, "definition": "remote_share = other_node / (local_node + other_node) ...",
+           "host": {"allocations": 3279, "numa_hit": 3279, "numa_miss": 0, "numa_foreign": 0,
+                    "numa_interleave": 0, "numa_local": 3200, "numa_other": 79, "remote_share": 0.024},
+           "nodes": [{"node": 0, "allocations": 3279, "local_node": 3200, "other_node": 79, "numa_hit": 3279,
+                      "numa_miss": 0, "numa_foreign": 0, "interleave_hit": 0, "remote_share": 0.024,
+                      "miss_share": 0.0}],
+           "perf": {"available": false, "reason": "no service given: pass pids or unit to count its remote loads with perf"}}
 method:
   description: How the figures were made and how far to trust them.
   returned: always
@@ -196,49 +207,99 @@ method:
     measured:
       description: Which figures are measured on the host and which come from the firmware's SLIT.
       type: str
+      sample: "latency_ns, bandwidth_gbps and their ratios are measured on this host now; distance and
+        distance_ratio are the firmware's SLIT table, not a measurement"
     latency:
       description: The latency method with buffer sizes and step counts.
       type: str
+      sample: "Python pointer chase over a random cyclic permutation of 64-byte lines in a 128 MiB buffer, minus the
+        same chase over a 24 KiB buffer (the interpreter's cost per step); fastest 5000-step stretch of 1000000
+        steps each, quietest of 2 round(s) per pair"
     latency_error:
       description: The known error of the latency method, with what this run subtracted from the raw chase (the
         range of RV(method.overhead_ns) over the measured pairs, in ns and as a share of RV(method.raw_ns)).
       type: str
+      sample: "reads low: latency_ns is raw_ns minus the interpreter's cost per step (overhead_ns) ...; in this run
+        overhead_ns was 20.1-23.4 ns, 14-19 % of raw_ns; ..."
     bandwidth:
       description: The bandwidth method and what GB/s counts.
       type: str
+      sample: "memmove between the halves of the bound 128 MiB buffer; GB/s = (bytes read + bytes written) / seconds
+        / 1e9 (STREAM copy convention); best of 5 copies per round"
     noise:
       description: How other load affects the figures, with the load average at the start.
       type: str
+      sample: "fastest stretch / best copy: other processes make numbers read high, not low; load average at the
+        start was 0.52 0.61 0.70; spread = median stretch / fastest stretch of the big chase (1.0 = quiet host)"
+    ratios:
+      description: How the ratio matrices are computed (each row over its local column).
+      type: str
+      sample: "each row divided by its local column: the CPU node's own memory, or the nearest memory node by SLIT
+        for a memory-less CPU node (local_reference); latency ratio > 1 and bandwidth ratio < 1 mean remote is worse"
     raw_ns:
       description: Per pair, ns per step of the chase over the big buffer before the interpreter's cost is
         subtracted.
       type: list
       elements: list
+      sample: [[116.4, 163.0], [163.3, 116.1]]
     overhead_ns:
       description: Per pair, ns per step of the same chase over the L1-resident buffer.
       type: list
       elements: list
+      sample: [[21.3, 21.3], [21.3, 21.3]]
     spread:
       description: Per pair, median over fastest stretch of the big chase; 1.0 means a quiet host.
       type: list
       elements: list
+      sample: [[1.02, 1.03], [1.02, 1.04]]
     pair_seconds:
       description: Wall time of each pair's children, all rounds.
       type: list
       elements: list
+      sample: [[2.31, 2.52], [2.49, 2.3]]
     rounds_done:
       description: Per pair, how many rounds were measured (fewer than O(rounds) when the budget ran out).
       type: list
       elements: list
+      sample: [[2, 2], [2, 2]]
     setup_seconds:
-      description: Time to build the random permutation shared by all pairs.
+      description: Time to build the random permutation shared by all pairs (counted in O(max_seconds)).
       type: float
+      sample: 1.9
     buffer_bytes:
       description: Size of the chase and copy buffer.
       type: int
+      sample: 134217728
     small_buffer_bytes:
       description: Size of the L1-resident buffer.
       type: int
+      sample: 24576
+    chase_steps:
+      description: O(chase_steps) as used.
+      type: int
+      sample: 1000000
+    chunk_steps:
+      description: Steps per timed stretch of the chase; the fastest stretch counts.
+      type: int
+      sample: 5000
+    repeats:
+      description: O(repeats) as used.
+      type: int
+      sample: 5
+    rounds:
+      description: O(rounds) as used.
+      type: int
+      sample: 2
+    python:
+      description: Version of the Python that ran the chase (its per-step cost is subtracted).
+      type: str
+      sample: 3.11.2
+    notes:
+      description: About the buffer sizes, such as a cache size sysfs did not give (then assumed) or a O(buffer_mb)
+        under twice the last-level cache.
+      type: list
+      elements: str
+      sample: ["cache size l3_kb unknown in sysfs: assumed 32768 KiB"]
 topology_signature:
   description: NUMA shape of the host (CPUs per node, memory-less nodes, SLIT); equal strings mean the same host type.
   returned: always
@@ -248,6 +309,7 @@ elapsed_seconds:
   description: Wall time of the measurement (the window excluded).
   returned: always
   type: float
+  sample: 13.2
 """
 
 from ansible.module_utils.basic import AnsibleModule

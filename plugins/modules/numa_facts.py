@@ -75,6 +75,10 @@ ansible_facts:
           description: Version of this structure.
           type: int
           sample: 1
+        root:
+          description: The O(root) the facts were read under.
+          type: str
+          sample: /
         node_count:
           description: Number of NUMA nodes, memory-only ones included.
           type: int
@@ -84,6 +88,11 @@ ansible_facts:
             hugepages, distances, packages and gpus.
           type: list
           elements: dict
+          sample: [{"id": 1, "cpus": [40, 41, 120, 121], "cpulist": "40-41,120-121", "has_cpus": true,
+                    "has_memory": true, "memory_total_kb": 268435456, "memory_free_kb": 188743680,
+                    "memory_file_kb": 10485760, "memory_shmem_kb": 0, "memory_available_kb": 199229440,
+                    "hugepages": {"2048kB": {"total": 0, "free": 0}}, "distances": {"0": 21, "1": 10},
+                    "packages": [1], "gpus": ["0000:81:00.0"]}]
         distances:
           description: SLIT matrix in C(nodes) order.
           type: list
@@ -93,28 +102,45 @@ ansible_facts:
           description: online, offline, isolated, nohz_full, allowed and mems_allowed as list strings,
             threads_per_core, siblings, packages, l3_groups, caches.
           type: dict
+          sample: {"online": "0-159", "offline": "", "isolated": "", "nohz_full": "", "allowed": "0-159",
+                   "mems_allowed": "0-1", "threads_per_core": 2, "siblings": [[0, 80], [1, 81]],
+                   "l3_groups": [{"cpulist": "0-39,80-119", "size_kb": 32768}],
+                   "caches": {"l1d_kb": 48, "l2_kb": 2048, "l3_kb": 32768},
+                   "packages": [{"id": 0, "cpulist": "0-39,80-119", "nodes": [0]}]}
         gpus:
           description: GPUs with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist, cuda_index.
           type: list
           elements: dict
+          sample: [{"address": "0000:81:00.0", "vendor_id": "0x10de", "vendor": "nvidia", "device_id": "0x2330",
+                    "class": "0x030200", "numa_node": 1, "local_cpulist": "40-79,120-159", "cuda_index": 0}]
         nics:
-          description: Network adapters with address, class, numa_node, name.
+          description: Network adapters with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist,
+            name.
           type: list
           elements: dict
+          sample: [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other", "device_id": "0x101d",
+                    "class": "0x020000", "numa_node": 1, "local_cpulist": "40-79,120-159", "name": "ens1f0"}]
         nvme:
-          description: NVMe controllers with address, class, numa_node, name.
+          description: NVMe controllers with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist,
+            name.
           type: list
           elements: dict
+          sample: [{"address": "0000:01:00.0", "vendor_id": "0x144d", "vendor": "other", "device_id": "0xa80a",
+                    "class": "0x010802", "numa_node": 0, "local_cpulist": "0-39,80-119", "name": "nvme0"}]
         memory:
           description: total_kb, free_kb and available_kb from /proc/meminfo.
           type: dict
+          sample: {"total_kb": 536870912, "free_kb": 398458880, "available_kb": 398458880}
         kernel:
           description: numa_balancing, zone_reclaim_mode, transparent_hugepage, weighted_interleave (null when absent).
           type: dict
+          sample: {"numa_balancing": 1, "zone_reclaim_mode": 0, "transparent_hugepage": "madvise",
+                   "weighted_interleave": null}
         warnings:
           description: What could not be read, one line each.
           type: list
           elements: str
+          sample: ["sys/devices/system/cpu/cpu5/online: expected 0 or 1, found 'x'; counted as online"]
 """
 
 from ansible.module_utils.basic import AnsibleModule

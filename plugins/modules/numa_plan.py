@@ -154,18 +154,20 @@ plan:
       description: CPUs handed out.
       type: list
       elements: int
+      sample: [60, 61, 62, 63, 140, 141, 142, 143]
     cpulist:
       description: The same CPUs as a kernel list string.
       type: str
-      sample: 40-79,120-159
+      sample: 60-79,140-159
     threads:
       description: Number of CPUs handed out (use it for C(-t)).
       type: int
-      sample: 80
+      sample: 40
     gpus:
       description: PCI addresses of the GPUs given to this instance.
       type: list
       elements: str
+      sample: ["0000:c1:00.0"]
     gpu_map:
       description:
         - Per GPU of the instance, in the order the server sees them, where the worker that drives it belongs. An
@@ -230,19 +232,43 @@ plan:
           description: The recipe's choices, in words (also in RV(plan.reasons)).
           type: list
           elements: str
+          sample: ["engine vllm: --numa-bind runs worker i under numactl --physcpubind=<cpus i> --membind=<node i>, ..."]
     env:
       description: Environment the server gets (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, ...).
       type: dict
+      sample: {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "1", "OMP_NUM_THREADS": "40"}
+    instance:
+      description: The instance planned, as O(instance).
+      type: int
+      sample: 1
+    instances:
+      description: The number of instances, as O(instances).
+      type: int
+      sample: 2
     port:
       description: O(port_base) + instance, or null.
       type: int
+      sample: 8081
+    required_bytes:
+      description: Memory the model needs with its headroom (O(model_size) + O(memory_headroom)); null without a size.
+      type: int
+      sample: 17609365914
+    available_bytes:
+      description: Memory available on the plan's memory nodes when it was made.
+      type: int
+      sample: 186401580646
     reasons:
       description: Every decision and fallback, in words.
       type: list
       elements: str
+      sample: ["usable nodes: 0-1", "node 1 chosen: local to GPU 0000:c1:00.0",
+               "model 14 GiB + headroom 2.4 GiB (10%+1G) = 16.4 GiB fits node 1 (173.6 GiB available): binding"]
     inputs:
-      description: The request as the planner saw it.
+      description: The request as the planner saw it (sizes in bytes, defaults filled in).
       type: dict
+      sample: {"node": null, "gpus": "auto", "model_size": 15032385536, "memory_headroom": "10%+1G", "smt": true,
+               "reserve_cpus": [], "scope": "node", "instances": 2, "instance": 1, "policy": "auto",
+               "on_unfit": "interleave", "port_base": 8080, "anchors": null}
 record:
   description: The stable part of the plan that a deployment records and compares between runs (no reasons).
   returned: success
@@ -254,10 +280,13 @@ record_current:
   type: bool
   sample: true
 topology_warnings:
-  description: What the topology reader found odd on this host (each also in the facts' C(warnings)).
+  description:
+    - What the topology reader found odd on this host (files missing, empty or garbled), one line each, as in the
+      facts' C(warnings); an empty list on a well-formed host. The plan is made from what could be read.
   returned: success
   type: list
   elements: str
+  sample: ["sys/devices/system/cpu/cpu5/online: expected 0 or 1, found 'x'; counted as online"]
 """
 
 from ansible.module_utils.basic import AnsibleModule

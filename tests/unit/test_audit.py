@@ -7,13 +7,14 @@ import subprocess
 import time
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_audit
+
+from tests.ansible_compat import patch_module_args
 
 PAGE = 4096
 MIB = 1024 * 1024

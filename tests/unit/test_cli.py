@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, kernel
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import TOKENS, substitute_tokens
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 from tests.fixtures import sysfs
@@ -294,3 +294,50 @@ def test_argparse_refusals_are_usage_and_one_error_line(capsys, argv):
 @pytest.mark.parametrize("word", ["9" * 5000, "1e3", "0x10", "-"])
 def test_quick_parser_leaves_what_int_refuses_to_argparse(word):
     assert cli._quick_parse(["exec", "--instances", word], ["true"]) is None
+
+
+# --- help, version ------------------------------------------------------------------------------
+
+REPO = os.path.dirname(PACKAGE_PARENT.rsplit(os.sep, 1)[0])
+COMMANDS = ("facts", "explain", "exec", "audit", "cost")
+
+
+def test_version_is_the_collections():
+    with open(os.path.join(REPO, "galaxy.yml")) as handle:
+        galaxy_version = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("version:"))
+    assert cli.VERSION == galaxy_version
+    result = numa_pin("--version")
+    assert result.returncode == 0 and result.stdout == "numa-pin %s (inferops.numa)\n" % galaxy_version
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_option_of_every_command_has_help(command):
+    subparsers = next(action for action in cli._parser(command)._actions if action.dest == "command")
+    actions = subparsers.choices[command]._actions
+    assert len(actions) > 1
+    assert [action.option_strings for action in actions if not (action.help or "").strip()] == []
+
+
+def test_help_gives_the_exit_codes_and_two_examples_that_parse():
+    result = numa_pin("--help")
+    assert result.returncode == 0
+    for code, meaning in ((0, "ok"), (cli.EXIT_AUDIT_FAILED, "audit below target"),
+                          (cli.EXIT_BAD_REQUEST, "bad request"), (cli.EXIT_KERNEL_REFUSED, "the kernel refused"),
+                          (cli.EXIT_NOT_FOUND, "server not found")):
+        assert "%d %s" % (code, meaning) in " ".join(result.stdout.split())
+    for example in (cli.EXPLAIN_EXAMPLE, cli.EXEC_EXAMPLE):
+        assert "  " + example + "\n" in result.stdout
+        words = example.split()
+        assert words[0] == "numa-pin"
+        args, server = cli._parse(words[1:])
+        assert args.command == words[1] and (server != []) == (words[1] == "exec")
+
+
+def test_exec_help_shows_the_server_command_and_every_token():
+    result = numa_pin("exec", "--help")
+    assert result.returncode == 0
+    usage = result.stdout.split("\n\n")[0]
+    assert usage.rstrip().endswith("-- SERVER [ARGS...]")
+    for token in TOKENS:
+        assert "{%s}" % token in result.stdout, token
+    assert cli.EXEC_EXAMPLE in result.stdout

@@ -3,6 +3,7 @@
 import errno
 import os
 import random
+import re
 import signal
 import time
 
@@ -292,9 +293,46 @@ def test_budget_skips_pairs_that_no_longer_fit_and_kills_the_one_that_overruns()
     result = cost.measure(two_nodes(), cost.CostOptions(buffer_mb=1, max_seconds=11), runner=slow,
                           clock=clock, rng=random.Random(1))
     assert result["latency_ns"] == [[100.0, None], [None, None]]
-    assert "timed out after 4.0 s and was killed" in result["unmeasured"]["1->1"]
-    assert "skipped: the max_seconds=11 budget" in result["unmeasured"]["0->1"]
-    assert "skipped" in result["unmeasured"]["1->0"]
+    # One budget in both messages, with what it had gone to and what was left: 0->0 took 4 s, 1->1 got the 7 s left.
+    assert result["unmeasured"]["1->1"] == (
+        "killed: it did not finish in the 7.0 s of the max_seconds=11 budget that were left (4.0 s had gone to the "
+        "setup and the pairs before); raise max_seconds or lower buffer_mb / chase_steps")
+    assert result["unmeasured"]["0->1"] == (
+        "not started: 3.0 s of the max_seconds=11 budget were left (8.0 s had gone to the setup and the pairs before), "
+        "less than the 4.0 s a pair took here; raise max_seconds or lower buffer_mb / chase_steps")
+    assert result["unmeasured"]["1->0"].startswith("not started: 3.0 s of the max_seconds=11 budget were left")
+
+
+def test_a_budget_spent_before_any_pair_says_so_and_never_names_a_pair_time():
+    now = [0.0]
+    rng = random.Random(1)
+
+    def slow_clock():  # building the permutation is where the time goes on a loaded host
+        now[0] += 3.0
+        return now[0]
+    runner, calls = fake_measurements(LAT, BW)
+    result = cost.measure(two_nodes(), cost.CostOptions(buffer_mb=1, max_seconds=4), runner=runner,
+                          clock=slow_clock, rng=rng)
+    assert calls == []
+    for reason in result["unmeasured"].values():
+        assert reason.startswith("not started: 0.0 s of the max_seconds=4 budget were left (4.0 s had gone to the "
+                                 "setup and the pairs before); raise max_seconds"), reason
+        assert "took" not in reason
+
+
+def test_progress_hears_the_setup_and_every_pair_before_it_runs():
+    heard = []
+    runner, calls = fake_measurements(LAT, BW)
+
+    def recording_runner(work, timeout):
+        heard.append("ran")
+        return runner(work, timeout)
+    cost.measure(two_nodes(), cost.CostOptions(buffer_mb=1, rounds=1), runner=recording_runner,
+                 rng=random.Random(1), progress=heard.append)
+    assert heard[0].startswith("4 pair(s) x 1 round(s) within max_seconds=120; building the chase's random order")
+    assert len(heard) == 1 + 2 * 4 and heard[2::2] == ["ran"] * 4  # each pair announced, then run
+    assert sorted(line.split(" (")[0] for line in heard[1::2]) == ["pair 0->0", "pair 0->1", "pair 1->0", "pair 1->1"]
+    assert all(re.search(r"\(\d of 4\), round 1 of 1: \d+ s of max_seconds=120 left$", line) for line in heard[1::2])
 
 
 def test_unmeasurable_host_gets_reasons_and_never_forks():
@@ -434,7 +472,7 @@ def fake_host(monkeypatch):
             raise NumaError("no NUMA allocation counters: the kernel was built without CONFIG_NUMA")
         return {"window_seconds": window, "nodes": []}
 
-    def measure(facts, options):
+    def measure(facts, options, progress=None):
         seen["measure"] = vars(options)
         return {"nodes": [0, 1], "latency_ns": [[1.0, 2.0], [2.0, 1.0]]}
     monkeypatch.setattr(cost.numastat, "collect", collect)
@@ -476,7 +514,7 @@ def test_cli_defaults_match_the_module_and_print_a_table(fake_host, monkeypatch)
     fake_result = {"nodes": [0], "latency_ns": [[90.0]], "latency_ratio": [[1.0]], "bandwidth_gbps": [[30.0]],
                    "bandwidth_ratio": [[1.0]], "distance": [[10]], "distance_ratio": [[1.0]], "unmeasured": {},
                    "method": {"latency": "chase"}}
-    monkeypatch.setattr(cost, "measure", lambda facts, options: dict(fake_result))
+    monkeypatch.setattr(cost, "measure", lambda facts, options, progress=None: dict(fake_result))
     assert cli_cost.run(args, out) == 0
     assert "latency ns (measured):" in out.getvalue() and "90.0" in out.getvalue()
 

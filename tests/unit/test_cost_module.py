@@ -4,13 +4,14 @@ import json
 import re
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_cost
+
+from tests.ansible_compat import patch_module_args
 
 RESULT = {"nodes": [0, 1], "latency_ns": [[90.0, 140.0], [None, None]], "bandwidth_gbps": [[30.0, 20.0], [None, None]],
           "latency_ratio": [[1.0, 1.56], [None, None]], "bandwidth_ratio": [[1.0, 0.67], [None, None]],

@@ -43,7 +43,7 @@ def real_two_socket():
     result["latency_ratio"][1] = [None, 1.0]
     result["bandwidth_gbps"][1] = [None, 40.0]
     result["bandwidth_ratio"][1] = [None, 1.0]
-    result["unmeasured"] = {"1->0": "timed out after 9.0 s and was killed"}
+    result["unmeasured"] = {"1->0": "killed: it did not finish in the 9.0 s of the max_seconds=20 budget that were left"}
     return result
 
 
@@ -117,7 +117,7 @@ def test_markdown_report_shows_measured_and_slit_side_by_side_and_labels_them():
     assert "perf node-loads: unavailable (perf reports <not supported>)" in guest
     box = text[text.index("### box"):]
     assert "| **node 1** | - | 1.00 |" in box
-    assert "- 1->0: timed out after 9.0 s and was killed" in box
+    assert "- 1->0: killed: it did not finish in the 9.0 s of the max_seconds=20 budget that were left" in box
     assert "- **broken**: set_mempolicy(bind, nodes 1) failed with EPERM" in text
     assert "\n\n\n\n" not in text
 
@@ -140,19 +140,22 @@ def test_html_escapes_host_supplied_text():
     assert "&lt;b&gt;bad&lt;/b&gt; &amp; worse" in page and "<b>bad</b>" not in page
 
 
-def test_playbook_measures_this_host_and_writes_both_reports(tmp_path):
+def test_playbook_measures_this_host_and_writes_both_reports_where_it_runs(tmp_path):
+    """Into the directory ansible-playbook runs in, never the collection's (an installed one may be read-only)."""
     playbook_command = ansible_command("ansible-playbook")
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts:\n    here:\n      ansible_connection: local\n"
                          "      ansible_python_interpreter: %s\n" % sys.executable)
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
-    done = subprocess.run([playbook_command, "-i", str(inventory), PLAYBOOK,
-                           "-e", "numa_cost_report_dir=%s" % tmp_path, "-e", "numa_cost_buffer_mb=64",
+    in_collection = set(os.listdir(os.path.dirname(PLAYBOOK)))
+    done = subprocess.run([playbook_command, "-i", str(inventory), PLAYBOOK, "-e", "numa_cost_buffer_mb=64",
                            "-e", "numa_cost_chase_steps=100000", "-e", "numa_cost_rounds=1",
                            "-e", "numa_cost_window_seconds=0.2"],
-                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
+    assert "NUMA cost report: %s/cost_report.md" % os.path.realpath(str(tmp_path)) in done.stdout
+    assert set(os.listdir(os.path.dirname(PLAYBOOK))) == in_collection
     markdown = (tmp_path / "cost_report.md").read_text()
     assert "1 host(s), 1 host type(s)." in markdown
     assert "### here" in markdown and "**Latency, ns (measured)**" in markdown

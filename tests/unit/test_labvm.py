@@ -165,3 +165,34 @@ def test_relayout_to_the_same_topology_keeps_the_running_guest(cache, monkeypatc
     monkeypatch.setattr(labvm, "instance", lambda name: info)
     monkeypatch.setattr(labvm, "_power_off", lambda *args: pytest.fail("must not power off"))
     assert labvm.relayout("vm1", 2) is info
+
+
+def test_a_long_step_says_every_period_what_it_does_and_what_the_console_shows():
+    import io
+    log = io.StringIO()
+    with labvm.progress("booting vm1 (TCG), waiting for SSH on port 2222", log,
+                        lambda: "console: [  3.1] systemd[1]: Reached target basic.target", every=0.05):
+        time.sleep(0.28)
+    lines = log.getvalue().splitlines()
+    assert len(lines) >= 3
+    assert all(line.startswith("labvm: booting vm1 (TCG), waiting for SSH on port 2222: ") and
+               line.endswith(" s so far; console: [  3.1] systemd[1]: Reached target basic.target") for line in lines)
+    time.sleep(0.1)
+    assert log.getvalue().splitlines() == lines  # silent once the step is over
+
+
+def test_the_console_line_is_the_serial_logs_last_one_cut_short(cache):
+    state = labvm.state_dir("vm1")
+    state.mkdir(parents=True)
+    assert labvm.serial_last_line("vm1") == ""
+    (state / "serial.log").write_text("[    1.0] Linux version 6.1\n[    9.9] %s\n\n" % ("x" * 200))
+    line = labvm.serial_last_line("vm1")
+    assert line.startswith("console: [    9.9] xxx") and len(line) == labvm.PROGRESS_DETAIL and line.endswith("...")
+
+
+def test_an_image_build_step_says_what_it_runs(monkeypatch):
+    import io
+    log = io.StringIO()
+    monkeypatch.setattr(labvm, "PROGRESS_SECONDS", 0.05)
+    labvm._run([sys.executable, "-c", "import time; time.sleep(0.2)"], "mmdebstrap (Debian bookworm)", log)
+    assert "labvm: building the lab image: mmdebstrap (Debian bookworm): " in log.getvalue()

@@ -71,14 +71,18 @@ PAYLOAD_SCRIPT = """
 import datetime, io, sys, zipfile
 from ansible.utils.collection_loader._collection_finder import _AnsibleCollectionFinder
 _AnsibleCollectionFinder(paths=[sys.argv[1]])._install()
-from ansible._internal._ansiballz._builder import ExtensionManager
 from ansible.executor.module_common import recursive_finder
+try:
+    from ansible._internal._ansiballz._builder import ExtensionManager
+    since_2_19 = (datetime.datetime(2020, 1, 1), ExtensionManager())
+except ImportError:  # ansible-core < 2.19: name, fqn, source and the zip only
+    since_2_19 = ()
 
 with open(sys.argv[2], "rb") as handle:
     source = handle.read()
 with zipfile.ZipFile(io.BytesIO(), "w") as payload:
     recursive_finder("numa_plan", "ansible_collections.inferops.numa.plugins.modules.numa_plan", source, payload,
-                     datetime.datetime(2020, 1, 1), ExtensionManager())
+                     *since_2_19)
     print("\\n".join(payload.namelist()))
 """
 

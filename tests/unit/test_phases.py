@@ -125,3 +125,27 @@ def test_report_names_the_failed_phase_its_checks_and_its_log(logs, capsys):
     out = capsys.readouterr().out
     assert "unit failed; log:" in out and "test tests/unit/test_x.py::test_y" in out
     assert (logs / "phases.txt").read_text().startswith("phase")
+
+
+def test_a_quiet_console_hears_what_the_running_phases_last_said(logs, capsys):
+    script = "import time; print('step one', flush=True); time.sleep(1.5); print('step two', flush=True)"
+    quiet = phases.Phase("build", [sys.executable, "-c", script], background=True)
+    quiet.log = logs / "build.log"
+    phases.schedule([quiet], heartbeat_seconds=0.5)
+    beats = [line for line in capsys.readouterr().out.splitlines() if line.startswith("... ")]
+    assert beats and all("build 0:0" in line for line in beats)
+    assert any(line.endswith(": step one") for line in beats)
+
+
+def test_the_heartbeat_shows_a_logs_last_line_without_terminal_codes_and_cut(logs):
+    log = logs / "lab.log"
+    log.write_text("TASK [first]\n\x1b[31m\u2502 TASK [Boot the lab guest and wait for SSH] \u2502\x1b[0m\n\n")
+    assert phases.last_line(log) == "TASK [Boot the lab guest and wait for SSH]"
+    log.write_text("x" * 500 + "\n")
+    assert phases.last_line(log) == "x" * (phases.HEARTBEAT_LINE - 3) + "..."
+    assert phases.last_line(logs / "missing.log") == ""
+
+
+def test_make_test_runs_the_ansible_core_matrix_after_sanity():
+    matrix = next(phase for phase in phases.phases() if phase.name == "matrix")
+    assert matrix.background and matrix.after == ["sanity"] and "tests/matrix.py" in matrix.argv

@@ -47,7 +47,7 @@ def _table_spec(option):
 
 def _role_spelling(option):
     """(name, spec) an inference_service_list entry gives the option: one model file; node ids may be YAML numbers.
-    No default: the entry's null (vars/main.yml) leaves the planner's, the same at deploy time and at start."""
+    No default: the entry's null leaves the planner's, the same at deploy time and at start."""
     if option.name == "model":
         return "model_path", {"type": "str"}
     if option.name == "node":
@@ -178,16 +178,22 @@ def test_role_argument_specs_spell_the_request_like_the_table():
     assert {name: _typing(entry["options"].get(name, {})) for name in expected} == expected
 
 
-def test_role_entries_leave_request_defaults_to_the_planner():
-    defaults = _role_yaml("vars", "main.yml")["inference_service_entry_defaults"]
+def test_role_entries_get_the_argument_specs_defaults_and_leave_request_defaults_to_the_planner(role_plans):
+    """vars/main.yml reads the entry defaults from meta/argument_specs.yml, the one place they are written."""
+    spec = _role_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]["inference_service_list"]
+    written = {name: option.get("default") for name, option in spec["options"].items() if not option.get("required")}
+    defaults = role_plans[2]
+    assert defaults == written
+    assert defaults["layout"] == "single" and defaults["min_local_percent"] == 99
     names = _role_request_names()
     assert {name: defaults.get(name, "missing") for name in names} == dict.fromkeys(names)
 
 
 def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option():
     built = _service_task("Build the placement request")["ansible.builtin.set_fact"]["_inference_service_request"]
-    # instance is the unit's %i, and the loop item of the planning task.
-    assert set(built) == set(request.BY_NAME) - {"instance"}
+    # One Jinja dict (a null survives it on every core); instance is the unit's %i, and the loop item of the
+    # planning task.
+    assert set(re.findall(r"^\s*'(\w+)':", built, re.MULTILINE)) == set(request.BY_NAME) - {"instance"}
     planned = _service_task("Plan each instance")["inferops.numa.numa_plan"]
     assert set(planned) - {"record_file"} == set(request.argument_spec())
 
@@ -240,9 +246,9 @@ PLAN_PLAYBOOK = """\
       loop: "{{ cases }}"
       loop_control:
         loop_var: _case
-    - name: Keep what the role asked and numa_plan answered
+    - name: Keep what the role asked and numa_plan answered, and the entry defaults the role read
       ansible.builtin.copy:
-        content: "{{ planned | to_json }}"
+        content: "{{ {'planned': planned, 'entry_defaults': inference_service_entry_defaults} | to_json }}"
         dest: "{{ out }}"
         mode: "0644"
 """
@@ -261,7 +267,8 @@ def _case_tasks():
 
 @pytest.fixture(scope="module")
 def role_plans(tmp_path_factory):
-    """[(entry, the role's request, [numa_plan's plan per instance])] from one ansible-playbook run, and the root."""
+    """[(entry, the role's request, [numa_plan's plan per instance])] from one ansible-playbook run, the root, and
+    the role's entry defaults (vars/main.yml) as Ansible evaluated them."""
     work = tmp_path_factory.mktemp("role_plans")
     root = sysfs.dual_socket_gpus().write(str(work / "root"))
     model = work / "model.gguf"
@@ -278,7 +285,7 @@ def role_plans(tmp_path_factory):
     (work / "case.yml").write_text(yaml.safe_dump(_case_tasks()))
     (work / "plan.yml").write_text(PLAN_PLAYBOOK)
     out = work / "planned.json"
-    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, out=str(out),
+    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, out=str(out), role_path=ROLE,
                      inference_service_defaults={}, inference_service_plan_dir=str(work / "plans"))
     (work / "vars.json").write_text(json.dumps(variables))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
@@ -288,14 +295,16 @@ def role_plans(tmp_path_factory):
                           universal_newlines=True, check=False)
     assert done.returncode == 0 and out.exists(), done.stdout
     assert "[WARNING]" not in done.stdout, done.stdout
-    planned = json.loads(out.read_text())
-    return [(case, outcome["request"], outcome["plans"]) for case, outcome in zip(cases, planned)], root
+    written = json.loads(out.read_text())
+    return ([(case, outcome["request"], outcome["plans"]) for case, outcome in zip(cases, written["planned"])], root,
+            written["entry_defaults"])
 
 
 def test_the_role_plans_each_instance_as_numa_pin_will_from_the_units_flags(role_plans):
-    outcomes, root = role_plans
+    outcomes, root, _ = role_plans
     topology = read(root)
     for case, role_request, plans in outcomes:
+        assert set(role_request) == set(request.BY_NAME) - {"instance"}, case["name"]
         assert len(plans) == role_request["instances"], case["name"]
         for instance, deployed in enumerate(plans):
             # What the unit's ExecStart= hands numa-pin exec for this instance.

@@ -137,17 +137,16 @@ RENDER_PLAYBOOK = """\
       _inference_service_systemd_version: "{{ item.systemd_version }}"
       inference_service_numa_pin: "{{ item.numa_pin }}"
       inference_service_plan_dir: /etc/inferops-numa
+    outcomes: []
   tasks:
-    # The template lookup runs on the controller only: one playbook renders every case in seconds.
+    # The template lookup runs on the controller only: one playbook renders every case in seconds. Each case
+    # in a block of its own: before ansible-core 2.19 a failing item failed a loop task whole.
     - name: Render every case
-      ansible.builtin.set_fact:
-        unit_text: "{{ lookup('ansible.builtin.template', templates ~ '/' ~ item.template) }}"
+      ansible.builtin.include_tasks: render_case.yml
       vars: *template_vars
       loop: "{{ cases }}"
       loop_control:
         label: "{{ item.id }}"
-      register: rendered
-      ignore_errors: true
 
     # ... and the template module, which the role uses, renders the same text.
     - name: Render the first case with the template module
@@ -161,11 +160,21 @@ RENDER_PLAYBOOK = """\
 
     - name: Keep the outcome of every case
       ansible.builtin.copy:
-        content: "{{ rendered.results | map(attribute='ansible_facts.unit_text', default='')
-                     | zip(rendered.results | map(attribute='msg', default=''),
-                           rendered.results | map(attribute='failed', default=false)) | list | to_json }}"
+        content: "{{ outcomes | to_json }}"
         dest: "{{ out }}/results.json"
         mode: "0644"
+"""
+
+RENDER_CASE = """\
+- name: Render one case
+  block:
+    - name: Render the case
+      ansible.builtin.set_fact:
+        outcomes: "{{ outcomes + [[lookup('ansible.builtin.template', templates ~ '/' ~ item.template), '', false]] }}"
+  rescue:
+    - name: Keep why it failed
+      ansible.builtin.set_fact:
+        outcomes: "{{ outcomes + [['', ansible_failed_result.msg, true]] }}"
 """
 
 
@@ -223,6 +232,7 @@ def render_cases(all_cases, work, helper):
     out = work / "out"
     out.mkdir()
     (work / "render.yml").write_text(RENDER_PLAYBOOK)
+    (work / "render_case.yml").write_text(RENDER_CASE)
     (work / "vars.json").write_text(json.dumps({"cases": all_cases, "templates": TEMPLATES, "out": str(out)}),
                                     encoding="utf-8")
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")

@@ -52,7 +52,7 @@ def wait_until(check, reference_seconds: float, what: str, interval: float = 2.0
 
 
 def unit_state(host, unit: str) -> str:
-    return host.run("systemctl show -p ActiveState --value %s" % unit).stdout.strip()
+    return host.service(unit).systemd_properties["ActiveState"]
 
 
 def wait_active(host, units):
@@ -94,7 +94,7 @@ def placement(host, unit: str) -> dict:
     Returns pid, comm, cpus (Cpus_allowed_list), policies (every numa_maps policy seen) and
     anon/file pages per node ({"N0": pages}).
     """
-    pid = host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip()
+    pid = host.service(unit).systemd_properties["MainPID"]
     assert pid not in ("", "0"), "%s has no main process" % unit
     status = host.file("/proc/%s/status" % pid).content_string
     cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()

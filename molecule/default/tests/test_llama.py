@@ -60,11 +60,11 @@ def file_bytes(report, nodes=None):
 
 
 def model_size(host, path):
-    return int(host.run("stat -c %%s %s" % path).stdout)
+    return host.file(path).size
 
 
 def maps_of(host, unit):
-    pid = host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip()
+    pid = host.service(unit).systemd_properties["MainPID"]
     return host.file("/proc/%s/maps" % pid).content_string
 
 
@@ -152,7 +152,7 @@ def start_on_node(host, node, page_cache):
 
 def journal(host, unit):
     """The journal of the unit's current run only: earlier runs of the same name say other things."""
-    invocation = host.run("systemctl show -p InvocationID --value %s.service" % unit).stdout.strip()
+    invocation = host.service("%s.service" % unit).systemd_properties["InvocationID"]
     assert invocation, "%s.service has no invocation id" % unit
     return host.run("journalctl _SYSTEMD_INVOCATION_ID=%s --no-pager -o cat" % invocation).stdout
 
@@ -179,7 +179,7 @@ def test_a_second_node_mapping_the_shared_file_reads_remote_weights_and_evict_ca
     try:
         assert file_local_percent(host, first) >= 99
         assert file_local_percent(host, second) <= 1
-        first_pid = host.run("systemctl show -p MainPID --value %s" % first).stdout.strip()
+        first_pid = host.service(first).systemd_properties["MainPID"]
         assert "NOT evicted" in journal(host, second) and first_pid in journal(host, second)
     finally:
         stop(host, first, second)

@@ -39,10 +39,22 @@ if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations 
     Takes = Dict[str, Tuple[str, Optional[Option]]]
     Sets = Dict[str, Tuple[str, bool]]
 
+# The collection's version (galaxy.yml; tests/unit/test_cli.py holds them equal).
+VERSION = "0.1.0"
 EXIT_AUDIT_FAILED = 1
 EXIT_BAD_REQUEST = 2
 EXIT_KERNEL_REFUSED = 3
 EXIT_NOT_FOUND = 127
+EXIT_CODES = ("exit codes: 0 ok, 1 audit below target, 2 bad request or impossible plan, 3 the kernel refused the "
+              "placement (exec without --best-effort), 127 server not found")
+TOKENS_HELP = ("In SERVER ARGS, {threads} {node} {cpulist} {instance} {port} become the plan's CPU count, anchor "
+               "node, CPU list, instance number and port (--port-base + instance).")
+EXPLAIN_EXAMPLE = "numa-pin explain --model /srv/models/model.gguf --instances 2 --instance 1"
+EXEC_EXAMPLE = "numa-pin exec --node 0 --port-base 8080 -- llama-server -t {threads} --port {port}"
+# What each request option's value looks like in --help (argparse would show the option's name in capitals).
+METAVARS = {"node": "ID|auto", "gpus": "auto|none|N|ADDR,...", "model_size": "SIZE|PATH", "model": "PATH",
+            "memory_headroom": "SIZE", "reserve_cpus": "CPULIST", "instances": "N", "instance": "I",
+            "replica_dir": "DIR", "port_base": "PORT", "anchors": "NODE,..."}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -177,37 +189,53 @@ def _quick_value(option: Optional[Option], word: Optional[str]) -> Any:
 
 def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     import argparse
+    from textwrap import fill
 
+    text = argparse.RawDescriptionHelpFormatter  # keeps the examples' lines; the prose is filled here
+    exit_codes = fill(EXIT_CODES, 79, subsequent_indent="  ")
     parser = argparse.ArgumentParser(
-        prog="numa-pin", description="Place an inference server on the right NUMA node, CPUs and GPUs.")
+        prog="numa-pin", description="Place an inference server on the right NUMA node, CPUs and GPUs.",
+        epilog="%s\n\nexamples:\n  %s\n  %s\n\n'numa-pin COMMAND --help' describes a command's options."
+               % (exit_codes, EXPLAIN_EXAMPLE, EXEC_EXAMPLE),
+        formatter_class=text)
+    parser.add_argument("--version", action="version", version="numa-pin %s (inferops.numa)" % VERSION)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
     facts = commands.add_parser("facts", help="print this host's topology as JSON (same as numa_facts)")
-    facts.add_argument("--root", default="/", help="read sys/ and proc/ under DIR (a captured machine)")
+    facts.add_argument("--root", default="/", metavar="DIR", help="read sys/ and proc/ under DIR (a captured machine)")
     facts.set_defaults(run=run_facts)
 
-    explain = commands.add_parser("explain", help="print the placement plan as JSON, change nothing")
+    explain = commands.add_parser("explain", help="print the placement plan as JSON, change nothing",
+                                  epilog=exit_codes, formatter_class=text)
     _add_request_options(explain)
-    explain.add_argument("--root", default="/", help="plan for the machine captured under DIR")
+    explain.add_argument("--root", default="/", metavar="DIR", help="plan for the machine captured under DIR")
     explain.set_defaults(run=run_explain)
 
-    execute = commands.add_parser("exec", help="apply the plan to this process, then exec the server")
+    execute = commands.add_parser(
+        "exec", help="apply the plan to this process, then exec the server", formatter_class=text,
+        description=fill("Plan, set this process's CPU affinity and memory policy, export the plan's environment, "
+                         "then exec SERVER ARGS (same PID). " + TOKENS_HELP, 79),
+        epilog="%s\n\nexample:\n  %s" % (exit_codes, EXEC_EXAMPLE))
     _add_request_options(execute)
     execute.add_argument("--best-effort", action="store_true",
                          help="if the kernel refuses, degrade bind -> preferred -> CPU affinity only -> none "
                               "instead of failing")
     execute.set_defaults(run=run_exec, root="/")
+    execute.usage = execute.format_usage()[len("usage: "):].rstrip() + " -- SERVER [ARGS...]"
 
-    audit = commands.add_parser("audit", help="where a running service's pages and threads really are")
-    audit.add_argument("--pid", type=int, action="append", default=[], help="a process to audit (repeatable)")
-    audit.add_argument("--unit", help="a systemd unit: audits every process of its cgroup")
-    audit.add_argument("--plan-json", help="the plan file the service was started with (expected nodes and CPUs)")
-    audit.add_argument("--min-local-percent", type=float, default=99.0,
+    audit = commands.add_parser("audit", help="where a running service's pages and threads really are",
+                                epilog=exit_codes, formatter_class=text)
+    audit.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
+                       help="a process to audit (repeatable)")
+    audit.add_argument("--unit", metavar="NAME", help="a systemd unit: audits every process of its cgroup")
+    audit.add_argument("--plan-json", metavar="FILE",
+                       help="the plan file the service was started with (expected nodes and CPUs)")
+    audit.add_argument("--min-local-percent", type=float, default=99.0, metavar="PERCENT",
                        help="lowest local share a bind plan passes with, 0 to 100 (default: %(default)s)")
     audit.add_argument("--pages", choices=("all", "anon", "file"), default="all",
                        help="which memory the local share counts (program images never count)")
-    audit.add_argument("--wait-seconds", type=float, default=0.0,
+    audit.add_argument("--wait-seconds", type=float, default=0.0, metavar="SECONDS",
                        help="wait this long (at most a day, 86400) for the unit to be active and its memory "
                             "to settle")
     audit.set_defaults(run=run_audit)
@@ -246,6 +274,8 @@ def _add_request_option(group: Any, option: Option) -> None:
                            help="the opposite of %s" % option.flag)
         return
     settings: Dict[str, Any] = {"dest": option.name, "default": option.fresh_default(), "help": text}
+    if option.name in METAVARS:
+        settings["metavar"] = METAVARS[option.name]
     if option.choices:
         settings["choices"] = option.choices
     if option.kind == "int":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from . import cost
 from .audit import load_plan
@@ -42,9 +43,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     options = cost.CostOptions(buffer_mb=args.buffer_mb, small_kb=args.small_kb, chase_steps=args.chase_steps,
                                repeats=args.repeats, max_seconds=args.max_seconds, rounds=args.rounds)
     plan = load_plan(args.plan_json) if args.plan_json else None
-    result = cost.run(options, args.window_seconds, args.pids, args.unit, plan)
+    result = cost.run(options, args.window_seconds, args.pids, args.unit, plan, progress=_progress)
     out.write(json.dumps(result, indent=2, sort_keys=True) + "\n" if args.json else format_table(result))
     return 0
+
+
+def _progress(text: str) -> None:
+    """What the measurement does next, on stderr (the tables or JSON go to stdout): a line per pair, a few
+    seconds apart."""
+    sys.stderr.write("numa-pin cost: %s\n" % text)
+    sys.stderr.flush()
 
 
 def format_table(result: Dict[str, Any]) -> str:

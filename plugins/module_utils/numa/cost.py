@@ -84,6 +84,8 @@ PairPlan = Tuple[List[int], List[Pair], Dict[Pair, str], Dict[int, List[int]]]
 Measurement = Dict[str, Any]
 # Runs one measurement in isolation: (work, timeout seconds) -> payload, or None on timeout.
 MeasurementRunner = Callable[[Callable[[], Measurement], float], Optional[Measurement]]
+# Hears a line of what the measurement does next.
+Progress = Optional[Callable[[str], None]]
 
 
 class CostOptions:
@@ -579,16 +581,20 @@ def _loadavg() -> str:
 
 def measure(topology: Dict[str, Any], options: Optional[CostOptions] = None, kernel_api: Any = kernel,
             runner: MeasurementRunner = run_forked, clock: Callable[[], float] = time.monotonic,
-            rng: Optional[random.Random] = None) -> Dict[str, Any]:
+            rng: Optional[random.Random] = None, progress: Progress = None) -> Dict[str, Any]:
     """Measure every measurable (CPU node, memory node) pair of ``topology`` within
-    ``options.max_seconds``; see the module doc for the method and the result's shape."""
+    ``options.max_seconds``; see the module doc for the method and the result's shape.
+    ``progress`` hears what is being done, before each step (numa-pin cost prints it)."""
     options = options or CostOptions()
+    say = progress or _quiet
     started = clock()
     big, small, size_notes = buffer_sizes(topology.get("cpus", {}).get("caches", {}), options)
     nodes, pairs, unmeasured, pin = plan_pairs(topology, needed_bytes(big, small))
     results = {}  # type: Dict[Pair, Measurement]
     setup = 0.0
     if pairs:
+        say("%d pair(s) x %d round(s) within max_seconds=%g; building the chase's random order over %s"
+            % (len(pairs), options.rounds, options.max_seconds, format_size(big)))
         # One permutation for all pairs: built once here, inherited by every forked child.
         rng = rng or random.Random()
         nexts_big = cyclic_permutation(big // LINE_BYTES, rng)
@@ -597,7 +603,7 @@ def measure(topology: Dict[str, Any], options: Optional[CostOptions] = None, ker
         works = [(pair, PairWork(pin[pair[0]], pair[1], big, small, nexts_big, nexts_small, options, kernel_api))
                  for pair in pairs]
         _run_pairs(works, runner, options.rounds, options.max_seconds - (clock() - started), clock, results,
-                   unmeasured)
+                   unmeasured, say)
     answer = assemble(topology, nodes, results, unmeasured)
     thp = (topology.get("kernel") or {}).get("transparent_hugepage")
     answer["method"] = method_text(big, small, options, results, nodes, size_notes, thp)
@@ -607,21 +613,25 @@ def measure(topology: Dict[str, Any], options: Optional[CostOptions] = None, ker
 
 
 def _run_pairs(works: List[Tuple[Pair, "PairWork"]], runner: MeasurementRunner, rounds: int, budget: float,
-               clock: Callable[[], float], results: Dict[Pair, Measurement], unmeasured: Dict[Pair, str]) -> None:
-    """Run every pair's work ``rounds`` times round-robin within ``budget`` seconds; keep each
-    pair's quietest round. Never start a run that no longer fits; a pair that failed (its
-    errors do not go away) or was killed is not run again."""
+               clock: Callable[[], float], results: Dict[Pair, Measurement], unmeasured: Dict[Pair, str],
+               say: Progress = None) -> None:
+    """Run every pair's work ``rounds`` times round-robin within ``budget`` seconds (what
+    max_seconds leaves after the setup); keep each pair's quietest round. Never start a run that
+    no longer fits; a pair that failed (its errors do not go away) or was killed is not run again."""
+    say = say or _quiet
     started = clock()
     longest = 0.0
-    for dummy in range(rounds):
-        for pair, work in works:
+    for round_number in range(1, rounds + 1):
+        for index, (pair, work) in enumerate(works, start=1):
             if pair in unmeasured:
                 continue
             remaining = budget - (clock() - started)
             if remaining <= longest or remaining <= 0:
                 if pair not in results:
-                    unmeasured[pair] = _budget_reason(work.options, longest)
+                    unmeasured[pair] = _not_started(work.options, remaining, longest)
                 continue
+            say("pair %d->%d (%d of %d), round %d of %d: %.0f s of max_seconds=%g left"
+                % (pair + (index, len(works), round_number, rounds, remaining, work.options.max_seconds)))
             begin = clock()
             outcome = runner(work, remaining)
             took = clock() - begin
@@ -629,9 +639,7 @@ def _run_pairs(works: List[Tuple[Pair, "PairWork"]], runner: MeasurementRunner, 
             if outcome is not None and "error" not in outcome:
                 results[pair] = quieter(results.get(pair), dict(outcome, seconds=took))
             elif pair not in results:
-                unmeasured[pair] = outcome["error"] if outcome else (
-                    "timed out after %.1f s and was killed (max_seconds=%g): raise max_seconds or lower "
-                    "buffer_mb / chase_steps" % (took, work.options.max_seconds))
+                unmeasured[pair] = outcome["error"] if outcome else _killed(work.options, remaining)
 
 
 def quieter(kept: Optional[Measurement], new: Measurement) -> Measurement:
@@ -645,15 +653,32 @@ def quieter(kept: Optional[Measurement], new: Measurement) -> Measurement:
     return best
 
 
-def _budget_reason(options: CostOptions, longest: float) -> str:
-    return ("skipped: the max_seconds=%g budget would run out (one pair took %.1f s here); raise "
-            "max_seconds or lower buffer_mb / chase_steps" % (options.max_seconds, longest))
+# Both budget messages state the same budget, what it had gone to and what was left.
+_BUDGET_FIX = "raise max_seconds or lower buffer_mb / chase_steps"
+
+
+def _not_started(options: CostOptions, remaining: float, longest: float) -> str:
+    left = max(remaining, 0.0)
+    slower = ", less than the %.1f s a pair took here" % longest if longest > 0 else ""
+    return ("not started: %.1f s of the max_seconds=%g budget were left (%.1f s had gone to the setup and the pairs "
+            "before)%s; %s" % (left, options.max_seconds, options.max_seconds - left, slower, _BUDGET_FIX))
+
+
+def _killed(options: CostOptions, remaining: float) -> str:
+    return ("killed: it did not finish in the %.1f s of the max_seconds=%g budget that were left (%.1f s had gone to "
+            "the setup and the pairs before); %s" % (remaining, options.max_seconds, options.max_seconds - remaining,
+                                                     _BUDGET_FIX))
+
+
+def _quiet(text: str) -> None:
+    """The module's progress: a module can only report when it ends."""
 
 
 # --- the whole report: matrices, remote share, topology key -------------------------------
 
 def run(options: Optional[CostOptions] = None, window_seconds: float = 1.0, pids: Optional[Sequence[int]] = None,
-        unit: Optional[str] = None, plan: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        unit: Optional[str] = None, plan: Optional[Dict[str, Any]] = None,
+        progress: Progress = None) -> Dict[str, Any]:
     """Everything ``numa_cost`` and ``numa-pin cost`` return, for the live host.
 
     The remote-access window comes first: the measurement's own cross-node
@@ -662,13 +687,14 @@ def run(options: Optional[CostOptions] = None, window_seconds: float = 1.0, pids
     check_seconds("window_seconds", window_seconds, "1")
     audit.check_pids(pids or [])
     facts = topology.read("/")
+    (progress or _quiet)("sampling the allocation counters for %g s" % window_seconds)
     try:
         remote = numastat.collect("/", window_seconds, pids, unit, plan)
     except NumaError as exc:
         if pids or unit:
             raise
         remote = {"available": False, "reason": str(exc)}
-    result = measure(facts, options)
+    result = measure(facts, options, progress=progress)
     result["remote_ratio"] = remote
     result["topology_signature"] = topology_signature(facts)
     return result
