@@ -30,8 +30,9 @@ FILTER_DIR = os.path.join(REPO, "plugins", "filter")
 SIGNATURES_SCRIPT = """
 import inspect, json, sys
 sys.path.insert(0, sys.argv[1])
-from ansible_collections.inferops.numa.plugins.filter import numa_cost_report, systemd_unit
+from ansible_collections.inferops.numa.plugins.filter import numa_cost_report, numa_fleet_report, systemd_unit
 filters = dict(systemd_unit.FilterModule().filters(), **numa_cost_report.FilterModule().filters())
+filters.update(numa_fleet_report.FilterModule().filters())
 print(json.dumps({name: [[p.name, p.default is inspect.Parameter.empty, None if p.default is inspect.Parameter.empty
                           else p.default] for p in inspect.signature(f).parameters.values()]
                   for name, f in filters.items()}))
