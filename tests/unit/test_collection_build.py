@@ -1,6 +1,7 @@
 """The built collection: what `ansible-galaxy collection build` puts in the tarball, and that it installs and runs.
 
 Only what users run ships - the modules, filters, roles and playbooks with everything they read, the docs,
+the alert rules (with their promtool test, for whoever edits them) and the Grafana dashboard,
 the license, the changelog and the example inventory the README's quick start copies; none of the
 development tooling (tests, lab, molecule, bench, the checkout's ansible.cfg, Makefile, dotfiles) and nothing
 that is not in the repository (a venv, caches, build output).
@@ -19,7 +20,7 @@ import yaml
 from tests.tools import ansible_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHIPPED_DIRS = ("plugins/", "roles/", "playbooks/", "docs/", "meta/", "inventory/example/")
+SHIPPED_DIRS = ("plugins/", "roles/", "playbooks/", "docs/", "meta/", "monitoring/", "inventory/example/")
 SHIPPED_FILES = {"README.md", "LICENSE", "CHANGELOG.md", "changelogs/changelog.yaml", "changelogs/config.yaml"}
 GENERATED = {"MANIFEST.json", "FILES.json"}
 DEV_ONLY = re.compile(r"^(\.|tests/|lab/|molecule/|bench/|build/|changelogs/fragments/|Makefile$|requirements\.txt$|"

@@ -89,13 +89,16 @@ def _examples():
     examples = {}
     for name in sorted(FILTERS):
         text = _filter_doc(name)["EXAMPLES"]
-        expected, variable = {}, None
+        rendered, variable = {}, None
         for line in text.splitlines():
             match = re.match(r"^(\w+):", line)
             if match:
                 variable = match.group(1)
             elif line.startswith("# => "):
-                expected[variable] = yaml.safe_load(line[len("# => "):])
+                rendered[variable] = line[len("# => "):]
+            elif line.startswith("#    ") and variable in rendered:  # a long result goes on over comment lines
+                rendered[variable] += " " + line[len("#    "):].strip()
+        expected = {name: yaml.safe_load(value) for name, value in rendered.items()}
         examples[name] = (yaml.safe_load(text), expected)
     return examples
 
