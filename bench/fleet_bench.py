@@ -38,7 +38,9 @@ def extract_machines(directory, dumps=DUMPS):
         if not os.path.isdir(target):
             os.makedirs(target + ".partial", exist_ok=True)
             with tarfile.open(archive) as tar:
-                tar.extractall(target + ".partial", filter="data")
+                # Extraction filters came in Python 3.11.4 and 3.12; Debian 12's 3.11.2 has none.
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tar.extractall(target + ".partial", **safe)
             os.rename(target + ".partial", target)
         (top,) = [entry for entry in os.listdir(target) if os.path.isdir(os.path.join(target, entry))]
         roots.append(os.path.join(target, top))
