@@ -15,6 +15,8 @@ guest kernel reads exactly like hardware.
     labvm.py ssh N -- CMD...                run CMD in guest N
     labvm.py reboot-wait N                  reboot guest N, wait until SSH answers again
     labvm.py status                         list guests with their state
+    labvm.py molecule-name                  the VM name of this checkout's molecule scenario
+                                            ($MOLECULE_SCENARIO_NAME, $MOLECULE_PROJECT_DIRECTORY: default, this one)
 
 Importable from tests: up(), down(), relayout(), instance(), budget(), run_ssh(),
 put_file(), wait_for_ssh(), reboot_wait(), status().
@@ -187,6 +189,13 @@ def image_dir() -> Path:
 def share_dir(state: Path) -> Path:
     """Host side of the guest's read-only /mnt/lab: put files here to hand them to the guest."""
     return state / "share"
+
+
+def molecule_vm_name(scenario: str, project: str) -> str:
+    """The guest of a molecule scenario in one checkout: a CI clone and a working copy on the same machine
+    each boot their own, so neither reuses, nor tears down, a guest the other one converged."""
+    checkout = hashlib.sha256(os.path.realpath(project).encode()).hexdigest()[:8]
+    return "molecule-%s-%s" % (scenario, checkout)
 
 
 def state_dir(name: str) -> Path:
@@ -766,6 +775,7 @@ def _parser() -> argparse.ArgumentParser:
     p_rb.add_argument("name")
     p_rb.add_argument("--timeout", type=float, default=BOOT_TIMEOUT)
     sub.add_parser("status", help="list guests")
+    sub.add_parser("molecule-name", help="the VM name of this checkout's molecule scenario")
     return parser
 
 
@@ -810,6 +820,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif args.command == "status":
             for row in status():
                 print(json.dumps(row))
+        elif args.command == "molecule-name":
+            checkout = os.environ.get("MOLECULE_PROJECT_DIRECTORY") or str(Path(__file__).resolve().parent.parent)
+            print(molecule_vm_name(os.environ.get("MOLECULE_SCENARIO_NAME") or "default", checkout))
     except LabError as exc:
         print("labvm: %s" % exc, file=sys.stderr)
         return 1

@@ -65,6 +65,16 @@ def test_vm_names_cannot_escape_the_run_dir(cache):
             labvm.state_dir(bad)
 
 
+def test_each_checkout_boots_its_own_molecule_guest(cache, tmp_path):
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "work")
+    ci, work = (labvm.molecule_vm_name("default", str(tmp_path / name)) for name in ("ci", "work"))
+    assert ci != work and ci.startswith("molecule-default-")
+    assert labvm.molecule_vm_name("default", str(tmp_path / "link")) == work  # the checkout, however reached
+    assert labvm.state_dir(ci).parent == cache / "run"
+
+
 def _fake_qemu(state: Path) -> subprocess.Popen:
     """A process whose argv looks like our QEMU: argv[0] qemu-system-*, a state path."""
     code = "import time; time.sleep(60)"

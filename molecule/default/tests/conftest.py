@@ -23,7 +23,7 @@ PROJECT = os.environ.get("MOLECULE_PROJECT_DIRECTORY",
 sys.path.insert(0, os.path.join(PROJECT, "lab"))
 import labvm  # noqa: E402  (lab/ is not a package)
 
-VM_NAME = "molecule-" + os.environ.get("MOLECULE_SCENARIO_NAME", "default")
+VM_NAME = labvm.molecule_vm_name(os.environ.get("MOLECULE_SCENARIO_NAME", "default"), PROJECT)
 SCENARIO_DIR = os.environ.get("MOLECULE_SCENARIO_DIRECTORY", os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 NUMA_PIN = "/usr/local/bin/numa-pin"
