@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 COLLECTION_LINK := build/ansible_collections/inferops/numa
-# prometheus: promtool, which the tests check the metrics text and the alert rules with.
+# prometheus: promtool, which the tests check the metrics text and the alert rules with. python3-venv: the
+# venvs (Debian's python3 has no ensurepip without it; the matrix's oldest core runs on Debian's 3.11).
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs hwloc numactl systemd openssh-client \
-	build-essential cmake curl util-linux prometheus
+	build-essential cmake curl util-linux prometheus python3-venv
 LAB_STAMP := $(VENV)/.lab-installed
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -40,7 +41,7 @@ apt:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 
-unit: venv apt
+unit: apt venv
 	$(BIN)/pytest -q tests
 
 # Every check, as timed phases overlapped on two cores; ends with a table of phases and wall times.
@@ -48,7 +49,7 @@ test:
 	$(PYTHON) tests/phases.py
 
 # One boot of the QEMU lab guest proves it all (image and llama-server built once, cached in ~/.cache/inferops-numa).
-molecule: lab-venv apt
+molecule: apt lab-venv
 	$(BIN)/molecule test
 
 lint: venv
@@ -60,13 +61,13 @@ sanity: venv
 facts: venv
 	$(BIN)/ansible localhost -m numa_facts
 
-demo: lab-venv apt
+demo: apt lab-venv
 	$(BIN)/python lab/demo.py up
 
 demo-down: venv
 	$(BIN)/python lab/demo.py down
 
-bench: lab-venv apt
+bench: apt lab-venv
 	cd bench && ../$(BIN)/python start_bench.py && ../$(BIN)/python facts_bench.py && ../$(BIN)/python cost_bench.py \
 	  && ../$(BIN)/python llama_bench.py
 
