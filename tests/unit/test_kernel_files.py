@@ -2,13 +2,14 @@
 
 import errno
 import os
+import re
 import signal
 import stat
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel_files
+from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel, kernel_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 # Seeded and bounded: the same few hundred texts at every run.
@@ -64,9 +65,12 @@ def test_node_ids_are_the_numbered_node_entries_in_number_order(tmp_path):
     assert kernel_files.node_ids(str(tmp_path), "sys/kernel/mm/mempolicy/weighted_interleave") == []
 
 
-@pytest.fixture
-def tree(tmp_path):
-    """A root holding proc/, with a file of the same name outside it that no read may reach."""
+@pytest.fixture(params=["kernel", "walk"])
+def tree(request, tmp_path, monkeypatch):
+    """A root holding proc/, with a file of the same name outside it that no read may reach; read with
+    openat2's in-root lookup, and with the walk from the root fd that stands in where the kernel has none."""
+    if request.param == "walk":
+        monkeypatch.setattr(kernel_files, "has_open_in_root", lambda _fd: False)
     put(tmp_path, "outside/secret", "outside\n")
     put(tmp_path, "root/secret", "inside\n")
     put(tmp_path, "root/proc/1/status", "Name:\tinit\n")
@@ -136,6 +140,30 @@ def test_a_read_stops_past_its_limit(tree):
         with pytest.raises(OSError) as error:
             root.read("proc/1/maps", limit=99)
     assert error.value.errno == errno.EFBIG
+
+
+def test_the_kernel_resolves_inside_a_root_from_linux_5_6(tmp_path):
+    major, minor = (int(part) for part in re.match(r"(\d+)\.(\d+)", os.uname().release).groups())
+    with kernel_files.Root(str(tmp_path)) as root:
+        assert root._kernel_resolves == ((major, minor) >= (5, 6))
+
+
+@pytest.mark.parametrize("err", [errno.ENOSYS, errno.EPERM])
+def test_without_openat2_the_root_is_walked(tmp_path, monkeypatch, err):
+    """An old kernel answers ENOSYS, a container's seccomp filter ENOSYS or EPERM."""
+    def refused(_root_fd, _rel, _flags):
+        raise OSError(err, os.strerror(err))
+    monkeypatch.setattr(kernel, "open_in_root", refused)
+    root_fd = os.open(str(tmp_path), os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        assert not kernel.has_open_in_root(root_fd)
+    finally:
+        os.close(root_fd)
+    put(tmp_path, "proc/1/status", "Name:\tinit\n")
+    monkeypatch.setattr(kernel_files, "open_in_root", refused)
+    monkeypatch.setattr(kernel_files, "has_open_in_root", kernel.has_open_in_root)
+    with kernel_files.Root(str(tmp_path)) as root:
+        assert not root._kernel_resolves and root.read("proc/1/status") == b"Name:\tinit\n"
 
 
 def test_this_host_is_read_by_plain_paths():

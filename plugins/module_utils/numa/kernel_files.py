@@ -14,8 +14,10 @@ host, a captured or fake tree in tests), like hwloc's ``HWLOC_FSROOT``:
 A root other than ``/`` is someone else's tree, read by root: :class:`Root` resolves
 every path inside it as a chroot would (hwloc opens relative to a root fd the same
 way), opens regular files only, never blocks on a FIFO and reads a bounded amount.
+The kernel does the resolving in one call where it can (openat2's RESOLVE_IN_ROOT,
+Linux 5.6); elsewhere Root walks the path from the root fd a name at a time.
 
-kernel.py makes the syscalls; this module only reads. numa-pin exec imports it at
+kernel.py makes the syscalls, openat2 among them; this module only reads. numa-pin exec imports it at
 every server start (through topology and pagecache), so ``typing`` is imported for
 type checkers only.
 """
@@ -26,6 +28,7 @@ import os
 import stat
 
 from .errors import NumaError
+from .kernel import has_open_in_root, open_in_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,15 +57,16 @@ _HEX_DIGITS = "0123456789abcdefABCDEF"
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_PATH_FLAGS = os.O_PATH | os.O_CLOEXEC
 
 
 class Root:
     """The tree under ``path``, read as if it were ``/``.
 
-    Under any root but ``/`` each name is looked up from a directory fd without
-    following it: a symbolic link is read and resolved again from the root (an absolute
-    one) or from its directory, and ``..`` stops at the root, so no link or ``..`` in
-    the tree reaches outside it. This host's ``/`` is opened by plain paths: its sysfs
+    Under any root but ``/`` a symbolic link resolves from the root (an absolute one) or
+    from its directory, and ``..`` stops at the root, so no link or ``..`` in the tree
+    reaches outside it: the kernel resolves so with openat2, and without it each name is
+    looked up from a directory fd without following it. This host's ``/`` is opened by plain paths: its sysfs
     and procfs are the kernel's, and numa-pin exec reads them at every service start.
     Failures are OSError, as the ``open`` they replace raises.
     """
@@ -71,6 +75,7 @@ class Root:
         self.path = path
         self.prefix = path.rstrip("/") + "/"
         self._root_fd = None if os.path.realpath(path) == "/" else os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
+        self._kernel_resolves = self._root_fd is not None and has_open_in_root(self._root_fd)
         self._dirs = {}  # type: Dict[str, int]
 
     def __enter__(self) -> Root:
@@ -99,13 +104,22 @@ class Root:
         """The names in directory ``rel``, unsorted."""
         if self._root_fd is None:
             return os.listdir(self.prefix + rel)
+        if self._kernel_resolves:
+            fd = open_in_root(self._root_fd, rel, _DIR_FLAGS & ~os.O_NOFOLLOW)  # type: ignore[arg-type]
+            try:
+                return os.listdir(fd)
+            finally:
+                os.close(fd)
         return os.listdir(self._lookup(rel, want_directory=True))  # listdir dups the fd it is given
 
     def exists(self, rel: str) -> bool:
         if self._root_fd is None:
             return os.path.exists(self.prefix + rel)
         try:
-            self._lookup(rel, want_directory=None)
+            if self._kernel_resolves:
+                os.close(open_in_root(self._root_fd, rel, _PATH_FLAGS))  # type: ignore[arg-type]
+            else:
+                self._lookup(rel, want_directory=None)
         except OSError:
             return False
         return True
@@ -113,7 +127,11 @@ class Root:
     def _open_file(self, rel: str) -> int:
         if self._root_fd is None:
             return os.open(self.prefix + rel, _READ_FLAGS)
-        return self._lookup(rel, want_directory=False)
+        if not self._kernel_resolves:
+            return self._lookup(rel, want_directory=False)
+        # Opened before its type is known (read() refuses all but a regular file): O_NONBLOCK keeps a FIFO
+        # from blocking, a socket fails to open, and a device node in the tree takes CAP_MKNOD to make.
+        return open_in_root(self._root_fd, rel, _READ_FLAGS)  # type: ignore[arg-type]
 
     def _lookup(self, rel: str, want_directory: Optional[bool]) -> int:
         """An fd for ``rel`` resolved inside the root: a cached directory's (``want_directory``),

@@ -50,7 +50,8 @@ NVME_CLASS = 0x010802
 _MEMINFO_USED = frozenset(("MemTotal", "MemFree", "MemAvailable", "FilePages", "Shmem", "Cached", "Buffers"))
 # A meminfo line is "[Node N] Name: value [kB]", its name made of these.
 _MEMINFO_NAME = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_()"
-_HEX_DIGITS = "0123456789abcdefABCDEF"
+_DIGITS = "0123456789"
+_HEX_DIGITS = _DIGITS + "abcdefABCDEF"
 # The choice a kernel marks in brackets, as in "always [madvise] never", is made of these.
 _CHOICE_NAME = "abcdefghijklmnopqrstuvwxyz_"
 _KB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024 * 1024}
@@ -567,7 +568,10 @@ def _parse_cpumap(reader: _Reader, rel: str) -> Optional[List[int]]:
         if value and 32 * index + value.bit_length() > reader.cpu_limit:
             reader.warn("%s: sets a CPU past the last possible one, %d" % (rel, reader.cpu_limit - 1))
             return []
-        cpus.extend(32 * index + bit for bit in range(32) if value >> bit & 1)
+        while value:  # the set bits only: a word of a large machine's node mask is mostly zero
+            lowest = value & -value
+            cpus.append(32 * index + lowest.bit_length() - 1)
+            value ^= lowest
     return cpus
 
 
@@ -605,8 +609,10 @@ def _read_distances(reader: _Reader, base: str, keys: List[str]) -> Dict[str, in
     raw = reader.text(base + "/distance")
     if raw is None:
         return {}
-    values = [parse_integer(word) for word in raw.split()]
-    if any(value is None or not 0 <= value <= _MAX_DISTANCE for value in values):
+    words = raw.split()
+    # A distance is at most 3 digits: checked as text, so 64 nodes' 4096 numbers cost one int() each.
+    values = [int(word) if 0 < len(word) <= 3 and not word.strip(_DIGITS) else -1 for word in words]
+    if any(not 0 <= value <= _MAX_DISTANCE for value in values):
         reader.warn("%s/distance: not a list of distances 0-%d: %r" % (base, _MAX_DISTANCE, raw[:40]))
         return {}
     if len(values) != len(keys):
