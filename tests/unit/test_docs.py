@@ -98,7 +98,7 @@ def _examples():
                 rendered[variable] = line[len("# => "):]
             elif line.startswith("#    ") and variable in rendered:  # a long result goes on over comment lines
                 rendered[variable] += " " + line[len("#    "):].strip()
-        expected = {name: yaml.safe_load(value) for name, value in rendered.items()}
+        expected = {key: yaml.safe_load(value) for key, value in rendered.items()}
         examples[name] = (yaml.safe_load(text), expected)
     return examples
 

@@ -23,6 +23,7 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import MAX_CPUS, MAX_NODES
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
@@ -309,6 +310,13 @@ def test_mutated_machines_read_and_plan_without_a_traceback(machines, tmp_path, 
             failures.append("seed %s %s: %s: %s" % (seed, applied, type(error).__name__, str(error)[:300]))
     assert not failures, "\n".join(failures[:20])
     assert entries(root) == everything, "a case was not undone"
+
+
+def test_mutated_machines_read_through_the_walk_too(machines, tmp_path, monkeypatch):
+    """Where the kernel has no openat2 (before 5.6, as RHEL 8's 4.18, or behind a seccomp filter), the
+    reader walks the path from the root fd: the same cases, the same outcome."""
+    monkeypatch.setattr(kernel_files, "has_open_in_root", lambda _fd: False)
+    test_mutated_machines_read_and_plan_without_a_traceback(machines, tmp_path, "32em64t-2n8c+dax+nvme+mic+dimms")
 
 
 def numa_pin(*args):

@@ -138,7 +138,8 @@ def _openat2_call(flags: int) -> Tuple[Any, Any, int, Any]:
 
 
 def has_open_in_root(root_fd: int) -> bool:
-    """Whether open_in_root works here: a 64-bit Linux of an architecture above, 5.6 or later, unfiltered."""
+    """Whether open_in_root works here: 64-bit, an architecture of SYSCALL_NUMBERS, Linux 5.6 or later, and
+    no seccomp filter refusing openat2."""
     import sys
 
     if _machine() not in SYSCALL_NUMBERS or sys.maxsize <= 2 ** 32:

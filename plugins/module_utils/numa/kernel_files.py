@@ -17,9 +17,9 @@ way), opens regular files only, never blocks on a FIFO and reads a bounded amoun
 The kernel does the resolving in one call where it can (openat2's RESOLVE_IN_ROOT,
 Linux 5.6); elsewhere Root walks the path from the root fd a name at a time.
 
-kernel.py makes the syscalls, openat2 among them; this module only reads. numa-pin exec imports it at
-every server start (through topology and pagecache), so ``typing`` is imported for
-type checkers only.
+kernel.py makes the syscalls, openat2 among them; this module only reads. numa-pin
+exec imports it at every server start (through topology and pagecache), so ``typing``
+is imported for type checkers only.
 """
 from __future__ import annotations
 
@@ -66,8 +66,9 @@ class Root:
     Under any root but ``/`` a symbolic link resolves from the root (an absolute one) or
     from its directory, and ``..`` stops at the root, so no link or ``..`` in the tree
     reaches outside it: the kernel resolves so with openat2, and without it each name is
-    looked up from a directory fd without following it. This host's ``/`` is opened by plain paths: its sysfs
-    and procfs are the kernel's, and numa-pin exec reads them at every service start.
+    looked up from a directory fd without following it. This host's ``/`` is opened by
+    plain paths: its sysfs and procfs are the kernel's, and numa-pin exec reads them at
+    every service start.
     Failures are OSError, as the ``open`` they replace raises.
     """
 
