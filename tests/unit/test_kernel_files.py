@@ -161,7 +161,6 @@ def test_without_openat2_the_root_is_walked(tmp_path, monkeypatch, err):
         os.close(root_fd)
     put(tmp_path, "proc/1/status", "Name:\tinit\n")
     monkeypatch.setattr(kernel_files, "open_in_root", refused)
-    monkeypatch.setattr(kernel_files, "has_open_in_root", kernel.has_open_in_root)
     with kernel_files.Root(str(tmp_path)) as root:
         assert not root._kernel_resolves and root.read("proc/1/status") == b"Name:\tinit\n"
 

@@ -140,9 +140,9 @@ def _openat2_call(flags: int) -> Tuple[Any, Any, int, Any]:
 def has_open_in_root(root_fd: int) -> bool:
     """Whether open_in_root works here: 64-bit, an architecture of SYSCALL_NUMBERS, Linux 5.6 or later, and
     no seccomp filter refusing openat2."""
-    import sys
-
-    if _machine() not in SYSCALL_NUMBERS or sys.maxsize <= 2 ** 32:
+    try:
+        syscall_numbers()
+    except NumaError:
         return False
     try:
         os.close(open_in_root(root_fd, ".", os.O_PATH | os.O_CLOEXEC))
