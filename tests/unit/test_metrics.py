@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -102,19 +103,45 @@ def machine_root(tmp_path_factory):
     return root
 
 
+def trusted_chain(path):
+    """Whether every directory from / to path is owned by root (or us) and writable by no one else, as
+    metrics requires of the plan directory."""
+    current = "/"
+    for name in [""] + [part for part in path.split("/") if part]:
+        current = os.path.join(current, name)
+        info = os.lstat(current)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            return False
+    return True
+
+
 @pytest.fixture
-def host(machine_root, tmp_path):
+def trusted_dir():
+    """A fresh 0755 directory on a chain from / that only root (or this user) may write: tmp_path is under
+    /tmp, which anyone may write, so metrics refuses a plan directory there."""
+    for base in ("/run", os.environ.get("XDG_RUNTIME_DIR") or "", os.path.expanduser("~")):
+        if base and os.path.isdir(base) and os.access(base, os.W_OK) and trusted_chain(base):
+            path = tempfile.mkdtemp(prefix="inferops-numa-test-", dir=base)
+            os.chmod(path, 0o755)
+            yield path
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    pytest.skip("no writable directory here whose chain from / only root or this user may write")
+
+
+@pytest.fixture
+def host(machine_root, trusted_dir):
     """The machine, with a plan dir holding its two llama instances and a stopped one."""
-    plans = tmp_path / "plans"
-    plans.mkdir()
-    write_json(str(plans / "llama@0.plan.json"), BIND1)
-    write_json(str(plans / "llama@1.plan.json"), BIND1)
-    write_json(str(plans / "down@0.plan.json"), dict(BIND1, policy="interleave", mem_nodes=[0, 1]))
-    write_json(str(plans / "llama.audit.json"), {"min_local_percent": 99, "pages": "all", "on_drift": "restart",
-                                                 "audit": True})
+    plans = os.path.join(trusted_dir, "plans")
+    os.mkdir(plans, 0o755)
+    write_json(os.path.join(plans, "llama@0.plan.json"), BIND1)
+    write_json(os.path.join(plans, "llama@1.plan.json"), BIND1)
+    write_json(os.path.join(plans, "down@0.plan.json"), dict(BIND1, policy="interleave", mem_nodes=[0, 1]))
+    write_json(os.path.join(plans, "llama.audit.json"), {"min_local_percent": 99, "pages": "all",
+                                                         "on_drift": "restart", "audit": True})
     run = Systemd({"llama@0.service": active(4242), "llama@1.service": active(4343),
                    "down@0.service": dict(active(0), ActiveState="failed")})
-    return machine_root, str(plans), run
+    return machine_root, plans, run
 
 
 def snapshot_of(host, clock=lambda: 1000.0):
@@ -320,15 +347,17 @@ def test_drift_is_logged_with_where_the_pages_are_and_acted_on_once_per_interval
     snap = snapshot_of(host)
     run = host[2]
     actions = {}
-    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0, run)
+    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0, run, record=lambda marked: None)
     assert changed and run.calls[-1] == ["systemctl", "restart", "--", "llama@1.service"]
     assert lines[0].startswith("drift: llama@1.service: PID(s) 4343") and "remote: 33.03 MiB on node 0 (anon 0 B, file 33.03 MiB)" in lines[0]
     assert lines[1] == "drift: llama@1.service: restarted (on_drift restart)"
     assert actions == {"llama@1.service": {"last_seconds": 5000.0, "counts": {"restart": 1}}}
     calls = len(run.calls)
-    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3599, run)
+    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3599, run,
+                                           record=lambda marked: None)
     assert not changed and len(run.calls) == calls and "not taken: the last action was 3599 s ago" in lines[1]
-    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3601, run)
+    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3601, run,
+                                           record=lambda marked: None)
     assert changed and actions["llama@1.service"]["counts"] == {"restart": 2}
 
 
@@ -337,7 +366,8 @@ def test_evict_moves_the_remote_pages_to_the_plans_nodes(host):
     snap = snapshot_of(host)
     moved = []
     lines, _changed = metrics.drift_actions(snap["instances"], {}, 0, 1.0, host[2],
-                                            migrate=lambda pid, old, new: moved.append((pid, old, new)) or 0)
+                                            migrate=lambda pid, old, new: moved.append((pid, old, new)) or 0,
+                                            record=lambda marked: None)
     assert moved == [(4343, [0], [1])]
     assert lines[-1] == "drift: llama@1.service: pages on node(s) 0 moved to node(s) 1 (on_drift evict): PID 4343: moved"
 

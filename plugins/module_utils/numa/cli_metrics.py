@@ -37,18 +37,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out: TextIO, err: TextIO = sys.stderr) -> int:
     """Collect, log (and act on) drift, write the textfile or print; NumaError is left to the CLI's edge.
 
-    --stdout and --json are a look, not the timer's run: drift is logged, never acted on.
+    --stdout and --json are a look, not the timer's run: drift is logged, never acted on. The timer's
+    run acts only on what the state directory recorded first, and writes the textfile even when that
+    directory fails.
     """
     metrics.check_interval(args.drift_interval)
     snapshot = metrics.collect("/", args.plan_dir, run_command)
-    looking = args.stdout or args.json
-    actions = {} if looking else metrics.read_actions(args.state_dir)
-    lines, changed = metrics.drift_actions(snapshot["instances"], actions, args.drift_interval, time.time(),
-                                           run_command, act=not looking)
+    if args.stdout or args.json:
+        actions = {}  # type: dict
+        lines = metrics.drift_actions(snapshot["instances"], actions, args.drift_interval, time.time(), run_command,
+                                      act=False)[0]
+    else:
+        lines, actions = metrics.act_on_drift(snapshot, args.state_dir, args.drift_interval, time.time(),
+                                              run_command)
     for line in ["warning: %s" % warning for warning in snapshot["warnings"]] + lines:
         err.write("numa-pin metrics: %s\n" % line)
-    if changed:
-        metrics.write_actions(args.state_dir, actions)
     if args.json:
         out.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
     elif args.stdout:

@@ -17,12 +17,19 @@ again and drops remote page cache of its model at start).
 
 numa-pin runs this as root from a systemd timer. So the plan records and the services' audit
 settings it acts on are trusted only as root wrote them (regular files, owned by root, writable by
-no one else), and the textfile and state directories are reached from ``/`` one directory at a time
-without following a link (so no directory above them can swap in another) and refused when anyone
-but root owns them or may write them: Debian's /var/lib/prometheus belongs to prometheus, its
-node-exporter directory to root.
+no one else, named as the role names them, their fields of the types it writes), in a plan directory
+that root alone may write all the way up from ``/`` (whoever may write a directory above it could put
+other records in its place, and choose which unit root restarts). The textfile and state directories
+are reached from ``/`` one directory at a time without following a link (so no directory above them
+can swap in another) and refused when anyone but root owns them or may write them: Debian's
+/var/lib/prometheus belongs to prometheus, its node-exporter directory to root.
+
+An action is taken only once the state directory holds it: when that write fails (a full /var) no
+action is taken, so the interval holds across runs, reboots and full disks, and the textfile is still
+written.
 """
 
+import copy
 import errno
 import json
 import os
@@ -32,8 +39,9 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import audit
-from .cpulist import format_cpulist
+from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
 from .errors import NumaError
+from .sizes import shown
 
 PLAN_DIR = "/etc/inferops-numa"
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -48,12 +56,27 @@ DEFAULT_SETTINGS = {"audit": True, "min_local_percent": 99.0, "pages": "all", "o
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
 MAX_JSON_BYTES = 1 << 20
 
-_PLAN_NAME = re.compile(r"^([A-Za-z0-9:_.-]+)@([0-9]{1,5})\.plan\.json$")
+PLAN_SUFFIX = ".plan.json"
+# Every name a record could have, read for the unit it would name: svc@1 and svc@01 both name svc@1.service.
+_RECORD_NAME = re.compile(r"(.*)@([0-9]+)\.plan\.json", re.DOTALL)
+# The names the inference_service role writes: systemd.unit_prefix's service names, less a leading '-'
+# (systemctl would read the unit as an option), and an index in canonical decimal, so that a unit has
+# one record name and a restart names only <service>@<index>.service of validated parts.
+_SERVICE = re.compile(r"(?!\.\.?$)(?!-)[A-Za-z0-9_.-]{1,200}")
+_INDEX = re.compile(r"0|[1-9][0-9]{0,4}")
+_POLICY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+MAX_CPULIST_CHARS = 1 << 16
+# Far beyond any Unix time of this machine's life, and small enough for float arithmetic.
+MAX_STATE_SECONDS = 1 << 40
+MAX_STATE_COUNT = 1 << 53
+REDEPLOY = "deploy the service again with the inference_service role"
 _WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 Snapshot = Dict[str, Any]
 Migrate = Callable[[int, Sequence[int], Sequence[int]], int]
+# Writes the drift state durably before an action is taken; NumaError when it cannot.
+Record = Callable[[Mapping[str, Dict[str, Any]]], Any]
 
 
 # --- reading --------------------------------------------------------------------------------------
@@ -102,25 +125,37 @@ def _kib(value: Any) -> Optional[int]:
 
 def read_records(plan_dir: str, warnings: List[str]) -> List[Dict[str, Any]]:
     """Every instance's plan record and its service's audit settings, sorted by unit; a record that
-    cannot be trusted or read is left out with a warning."""
+    cannot be trusted or read, or is misnamed, or names the same unit as another, is left out with a
+    warning. Every file is opened in the directory checked, so none can be swapped in between."""
     try:
-        names = sorted(os.listdir(plan_dir))
-    except FileNotFoundError:
+        fd = open_record_directory(plan_dir)
+    except NumaError as exc:
+        warnings.append("%s: no instance is measured" % exc)
         return []
+    if fd is None:
+        return []
+    try:
+        return _records_in(fd, plan_dir, warnings)
+    finally:
+        os.close(fd)
+
+
+def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, Any]]:
+    try:
+        names = [name for name in os.listdir(fd) if name.endswith(PLAN_SUFFIX)]
     except OSError as exc:
         warnings.append("cannot list the plan directory %s (%s): no instance is measured" % (plan_dir, exc.strerror))
         return []
     records = []
     settings = {}  # type: Dict[str, Dict[str, Any]]
-    for name in names:
-        match = _PLAN_NAME.match(name)
-        if not match:
-            continue
-        service, index = match.group(1), int(match.group(2))
+    for name in _unambiguous(names, plan_dir, warnings):
+        path = os.path.join(plan_dir, name)
         try:
-            plan, mtime = read_trusted_json(os.path.join(plan_dir, name))
+            service, index = record_unit(name, plan_dir)
+            written, mtime = read_trusted_json(fd, name, path)
+            plan = plan_fields(written, path)
             if service not in settings:
-                settings[service] = service_settings(plan_dir, service)
+                settings[service] = service_settings(fd, plan_dir, service)
         except NumaError as exc:
             warnings.append(str(exc))
             continue
@@ -129,12 +164,85 @@ def read_records(plan_dir: str, warnings: List[str]) -> List[Dict[str, Any]]:
     return sorted(records, key=lambda record: (record["service"], record["index"]))
 
 
-def service_settings(plan_dir: str, service: str) -> Dict[str, Any]:
-    """``<plan_dir>/<service>.audit.json`` (the role writes it): how the service is judged and what
-    drift does; the role's defaults where there is none."""
-    path = os.path.join(plan_dir, "%s.audit.json" % service)
+def _unambiguous(names: Sequence[str], plan_dir: str, warnings: List[str]) -> List[str]:
+    """The record names, sorted, less those that name the same unit as another: which one the deployment
+    meant is unknown, so neither is acted on."""
+    by_unit = {}  # type: Dict[Tuple[str, int], List[str]]
+    for name in names:
+        match = _RECORD_NAME.fullmatch(name)
+        key = (match.group(1), int(match.group(2))) if match else (name, -1)
+        by_unit.setdefault(key, []).append(name)
+    kept = []
+    for (service, index), group in sorted(by_unit.items()):
+        if len(group) == 1:
+            kept.append(group[0])
+            continue
+        warnings.append("ignoring the plan records %s in %s: they all name unit %s; remove them and %s"
+                        % (", ".join(shown(name) for name in sorted(group)), plan_dir,
+                           shown("%s@%d.service" % (service, index)), REDEPLOY))
+    return sorted(kept)
+
+
+def record_unit(name: str, plan_dir: str) -> Tuple[str, int]:
+    """(service, index) of a record named ``<service>@<index>.plan.json`` as the role names it."""
+    match = _RECORD_NAME.fullmatch(name)
+    if not match or not _SERVICE.fullmatch(match.group(1)) or not _INDEX.fullmatch(match.group(2)):
+        raise NumaError("ignoring the plan record %s in %s: not named <service>@<index>%s with a systemd service "
+                        "name (letters, digits, '_', '.', '-', not first) and an index from 0 to 99999 without "
+                        "leading zeros; remove it and %s" % (shown(name), plan_dir, PLAN_SUFFIX, REDEPLOY))
+    return match.group(1), int(match.group(2))
+
+
+def plan_fields(written: Mapping[str, Any], path: str) -> Dict[str, Any]:
+    """The fields of a plan record the metrics show and the audit compares with, each of the type the role
+    writes and in range: a policy name, node and CPU ids, a cpu list. NumaError naming the first that is not."""
+    policy, mem_nodes, cpus, cpulist = (written.get(key) for key in ("policy", "mem_nodes", "cpus", "cpulist"))
+    problem = (_policy_problem(policy) or _ids_problem("mem_nodes", mem_nodes, MAX_NODES)
+               or _ids_problem("cpus", cpus, MAX_CPUS) or _cpulist_problem(cpulist))
+    if problem:
+        raise NumaError("ignoring %s: %s; %s" % (path, problem, REDEPLOY))
+    fields = {"policy": policy or None, "mem_nodes": sorted(set(mem_nodes or [])), "cpulist": cpulist or ""}
+    if cpus:
+        fields["cpus"] = sorted(set(cpus))
+    return fields
+
+
+def _policy_problem(policy: Any) -> str:
+    if policy in (None, "") or (isinstance(policy, str) and _POLICY.fullmatch(policy)):
+        return ""
+    return "policy %s is not a policy name like bind" % shown(policy)
+
+
+def _ids_problem(field: str, ids: Any, limit: int) -> str:
+    if ids is None or (isinstance(ids, list) and all(_is_count(item, limit - 1) for item in ids)):
+        return ""
+    return "%s %s is not a list of ids from 0 to %d" % (field, shown(ids), limit - 1)
+
+
+def _cpulist_problem(cpulist: Any) -> str:
+    if cpulist is None:
+        return ""
+    if not isinstance(cpulist, str) or len(cpulist) > MAX_CPULIST_CHARS:
+        return "cpulist %s is not a cpu list of at most %d characters" % (shown(cpulist), MAX_CPULIST_CHARS)
     try:
-        written, _mtime = read_trusted_json(path)
+        parse_cpulist(cpulist, MAX_CPUS)
+    except NumaError as exc:
+        return str(exc)
+    return ""
+
+
+def _is_count(value: Any, largest: int) -> bool:
+    """A JSON integer from 0 to ``largest`` (true and false are no numbers)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= largest
+
+
+def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any]:
+    """``<service>.audit.json`` in the plan directory (the role writes it): how the service is judged and
+    what drift does; the role's defaults where there is none."""
+    name = "%s.audit.json" % service
+    path = os.path.join(plan_dir, name)
+    try:
+        written, _mtime = read_trusted_json(plan_fd, name, path)
     except FileNotFoundError:
         return dict(DEFAULT_SETTINGS)
     settings = dict(DEFAULT_SETTINGS)
@@ -144,27 +252,28 @@ def service_settings(plan_dir: str, service: str) -> Dict[str, Any]:
     except NumaError as exc:
         raise NumaError("%s: %s" % (path, exc)) from None
     if settings["on_drift"] not in ON_DRIFT or not isinstance(settings["audit"], bool):
-        raise NumaError("%s: on_drift must be one of %s and audit true or false; deploy the service again with "
-                        "the inference_service role" % (path, ", ".join(ON_DRIFT)))
+        raise NumaError("%s: on_drift must be one of %s and audit true or false; %s"
+                        % (path, ", ".join(ON_DRIFT), REDEPLOY))
     return settings
 
 
-def read_trusted_json(path: str) -> Tuple[Dict[str, Any], float]:
-    """(a JSON object, its file's mtime) from a regular file, not through a link, that only root (or
-    this process's user) may write; FileNotFoundError when there is none."""
+def read_trusted_json(dir_fd: int, name: str, path: str, fix: str = REDEPLOY) -> Tuple[Dict[str, Any], float]:
+    """(a JSON object, its file's mtime) from the regular file ``name`` in the directory ``dir_fd`` (``path``
+    in messages, which end with ``fix``), not through a link, that only root (or this process's user) may
+    write; FileNotFoundError when there is none."""
     try:
-        fd = os.open(path, _READ_FLAGS)
+        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
-        raise NumaError("cannot open %s (%s): it must be a regular file, not a symbolic link; deploy the "
-                        "service again with the inference_service role" % (path, exc.strerror)) from None
+        raise NumaError("cannot open %s (%s): it must be a regular file, not a symbolic link; %s"
+                        % (path, exc.strerror, fix)) from None
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
             raise NumaError("ignoring %s (uid %d, mode %04o): only a regular file that root alone may write is "
-                            "trusted; chown root and chmod go-w it, or deploy the service again"
-                            % (path, info.st_uid, stat.S_IMODE(info.st_mode)))
+                            "trusted; chown root and chmod go-w it, or %s"
+                            % (path, info.st_uid, stat.S_IMODE(info.st_mode), fix))
         data = os.read(fd, MAX_JSON_BYTES + 1)
     finally:
         os.close(fd)
@@ -173,8 +282,7 @@ def read_trusted_json(path: str) -> Tuple[Dict[str, Any], float]:
     except (UnicodeDecodeError, ValueError):
         value = None
     if not isinstance(value, dict):
-        raise NumaError("ignoring %s: not a JSON object of at most %d bytes; deploy the service again with the "
-                        "inference_service role" % (path, MAX_JSON_BYTES))
+        raise NumaError("ignoring %s: not a JSON object of at most %d bytes in UTF-8; %s" % (path, MAX_JSON_BYTES, fix))
     return value, info.st_mtime
 
 
@@ -193,10 +301,9 @@ def _instances(root: str, records: List[Dict[str, Any]], run: audit.CommandRunne
 def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], page_size: Optional[int],
               now: float) -> Dict[str, Any]:
     plan, settings = record["plan"], record["settings"]
-    mem_nodes = sorted(int(node) for node in plan.get("mem_nodes") or [] if isinstance(node, int))
     entry = {"unit": record["unit"], "service": record["service"], "index": record["index"],
-             "policy": str(plan.get("policy") or "unknown"), "mem_nodes": mem_nodes,
-             "nodes": format_cpulist(mem_nodes), "cpulist": str(plan.get("cpulist") or ""),
+             "policy": plan["policy"] or "unknown", "mem_nodes": plan["mem_nodes"],
+             "nodes": format_cpulist(plan["mem_nodes"]), "cpulist": plan["cpulist"],
              "plan_age_seconds": round(max(now - record["plan_mtime"], 0.0), 3),
              "min_local_percent": settings["min_local_percent"], "pages": settings["pages"],
              "on_drift": settings["on_drift"], "judged": settings["audit"],
@@ -376,6 +483,37 @@ def open_private_directory(path: str, what: str) -> int:
     Each step opens a name relative to the descriptor of the directory before it, never through a
     link, and the last directory is checked through its own descriptor; so whoever owns a directory
     above it cannot swap in another one, and only the last one's owner and mode matter."""
+    return _open_directory(path, what, _subdirectory, every=False)
+
+
+def open_record_directory(path: str) -> Optional[int]:
+    """A descriptor of the plan directory ``path``, reached as open_private_directory reaches its own but
+    never made (None when it is missing: nothing is deployed), and refused unless every directory from ``/``
+    to it is owned by root (or this user) and writable by no one else, sticky ones too. The records decide
+    which unit root restarts, so no one else may put another directory in its place, nor another record."""
+    try:
+        return _open_directory(path, "plan directory", _open_walked, every=True)
+    except FileNotFoundError:
+        return None
+
+
+def _open_directory(path: str, what: str, step: Callable[[int, str, str, str], int], every: bool) -> int:
+    """A readable descriptor of the directory ``_walk`` reaches, or NumaError naming its trust problem."""
+    fd, problem = _walk(path, what, step, every)
+    try:
+        if problem:
+            raise NumaError(problem)
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _walk(path: str, what: str, step: Callable[[int, str, str, str], int], every: bool) -> Tuple[int, str]:
+    """(an O_PATH descriptor of ``path``, each name opened by ``step`` in the directory before it, the first
+    trust problem of the directories checked: every one, or the last; "" when none).
+
+    A problem is told only once the walk is done, so a directory missing below an untrusted one is
+    FileNotFoundError (nothing there to read), not a refusal of a directory nothing is read from."""
     if not os.path.isabs(path):
         raise NumaError("the %s %s is not an absolute path: give one like %s" % (what, path, TEXTFILE_DIR))
     names = [name for name in path.split("/") if name not in ("", ".")]
@@ -384,15 +522,18 @@ def open_private_directory(path: str, what: str) -> int:
     fd = os.open("/", _WALK_FLAGS)
     current = "/"
     try:
-        for name in names:
+        problem = _directory_problem(fd, current, not names, path, what) if every or not names else ""
+        for position, name in enumerate(names, 1):
             current = os.path.join(current, name)
-            child = _subdirectory(fd, name, current, what)
+            child = step(fd, name, current, what)
             os.close(fd)
             fd = child
-        _check_directory(fd, current, what)
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-    finally:
+            if every or position == len(names):
+                problem = problem or _directory_problem(fd, current, position == len(names), path, what)
+    except BaseException:
         os.close(fd)
+        raise
+    return fd, problem
 
 
 def _subdirectory(parent: int, name: str, shown: str, what: str) -> int:
@@ -426,14 +567,19 @@ def _open_walked(parent: int, name: str, shown: str, what: str) -> int:
         raise NumaError("cannot open the %s %s: %s" % (what, shown, exc.strerror)) from None
 
 
-def _check_directory(fd: int, shown: str, what: str) -> None:
+def _directory_problem(fd: int, shown_path: str, last: bool, path: str, what: str) -> str:
+    """Why the directory ``shown_path`` on the way to the ``what`` ``path`` (or that one, ``last``) is not
+    trusted: anyone but root (or this user) owns it, or its group or others may write it; "" when trusted."""
     info = os.fstat(fd)
+    subject = "it" if last else "%s above it" % shown_path
     if info.st_uid not in (0, os.geteuid()):
-        raise NumaError("refusing the %s %s: it is owned by uid %d, who could swap the files root writes there; "
-                        "chown root it, or give a directory that only root may write" % (what, shown, info.st_uid))
+        return ("refusing the %s %s: %s is owned by uid %d, who could swap the files root keeps there; chown root "
+                "%s, or give a directory that only root may write" % (what, path, subject, info.st_uid, shown_path))
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise NumaError("refusing the %s %s (mode %04o): its group or others may write it; chmod go-w it, or give "
-                        "a directory that only root may write" % (what, shown, stat.S_IMODE(info.st_mode)))
+        return ("refusing the %s %s: %s (mode %04o) may be written by its group or others, who could swap the files "
+                "root keeps there; chmod go-w %s, or give a directory that only root may write"
+                % (what, path, subject, stat.S_IMODE(info.st_mode), shown_path))
+    return ""
 
 
 def write_atomically(directory: str, name: str, text: str, what: str, mode: int = 0o644) -> str:
@@ -478,24 +624,63 @@ def write_textfile(directory: str, text: str) -> str:
 
 
 def read_actions(state_dir: str) -> Dict[str, Dict[str, Any]]:
-    """unit -> {"last_seconds": when its last action was taken, "counts": {action: n}}; {} when none yet."""
+    """unit -> {"last_seconds": when its last action was taken, "counts": {action: n}}; {} when none yet.
+    NumaError when the state cannot be read or trusted: when each unit last acted is then unknown."""
     path = os.path.join(state_dir, STATE_NAME)
+    fix = "remove it to start every drift interval again"
     try:
-        value, _mtime = read_trusted_json(path)
+        fd = _open_directory(state_dir, "state directory", _open_walked, every=False)
     except FileNotFoundError:
         return {}
-    return dict((unit, entry) for unit, entry in value.items() if isinstance(entry, dict)
-                and isinstance(entry.get("last_seconds"), (int, float)) and isinstance(entry.get("counts"), dict))
+    try:
+        value, _mtime = read_trusted_json(fd, STATE_NAME, path, fix)
+    except FileNotFoundError:
+        return {}
+    finally:
+        os.close(fd)
+    for unit, entry in value.items():
+        if not _is_state_entry(entry):
+            raise NumaError("ignoring %s: the entry of %s is not {\"last_seconds\": seconds, \"counts\": {action: n}} "
+                            "of %s; %s" % (path, shown(unit), ", ".join(ON_DRIFT[1:]), fix))
+    return value
+
+
+def _is_state_entry(entry: Any) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("counts"), dict):
+        return False
+    last = entry.get("last_seconds")
+    # NaN compares false, so it is no number here; a huge one would overflow the float arithmetic.
+    if isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= MAX_STATE_SECONDS:
+        return False
+    return all(action in ON_DRIFT[1:] and _is_count(count, MAX_STATE_COUNT)
+               for action, count in entry["counts"].items())
+
+
+def act_on_drift(snapshot: Snapshot, state_dir: str, interval: float, now: float, run: audit.CommandRunner,
+                 migrate: Optional[Migrate] = None) -> Tuple[List[str], Dict[str, Dict[str, Any]]]:
+    """The timer's drift step: drift_actions with the state of ``state_dir``, each action written there before
+    it is taken. State that cannot be read or trusted is a warning of the snapshot and no action.
+    (The journal lines, the action counts to render.)"""
+    try:
+        actions = read_actions(state_dir)
+    except NumaError as exc:
+        snapshot["warnings"].append("no on_drift action is taken: %s" % exc)
+        return drift_actions(snapshot["instances"], {}, interval, now, run, act=False)[0], {}
+    lines, _changed = drift_actions(snapshot["instances"], actions, interval, now, run, migrate,
+                                    record=lambda marked: write_actions(state_dir, marked))
+    return lines, actions
 
 
 def drift_actions(instances: Sequence[Mapping[str, Any]], actions: Dict[str, Dict[str, Any]], interval: float,
                   now: float, run: audit.CommandRunner, migrate: Optional[Migrate] = None,
-                  act: bool = True) -> Tuple[List[str], bool]:
+                  act: bool = True, record: Optional[Record] = None) -> Tuple[List[str], bool]:
     """Journal lines for every drifted instance; with ``act``, the on_drift action of each that opted in
-    and last acted more than ``interval`` seconds ago, counted in ``actions``. (The lines, whether
-    ``actions`` changed.)"""
+    and last acted more than ``interval`` seconds ago, counted in ``actions``. The counts are handed to
+    ``record`` (which writes them durably) before any action is taken, and none is taken when that fails
+    or there is no ``record``: an action not remembered would be taken again at every run.
+    (The lines, whether ``actions`` changed.)"""
     lines = []
-    changed = False
+    due = []  # type: List[Tuple[Mapping[str, Any], str]]
     for entry in instances:
         if not entry["drift"]:
             continue
@@ -508,12 +693,40 @@ def drift_actions(instances: Sequence[Mapping[str, Any]], actions: Dict[str, Dic
             lines.append("drift: %s: on_drift %s not taken: the last action was %.0f s ago, within the %g s "
                          "interval" % (entry["unit"], action, now - last, interval))
             continue
-        lines.append(_act(entry, action, run, migrate))
-        record = actions.setdefault(entry["unit"], {"last_seconds": now, "counts": {}})
-        record["last_seconds"] = now
-        record["counts"][action] = int(record["counts"].get(action, 0)) + 1
-        changed = True
-    return lines, changed
+        due.append((entry, action))
+    if not due:
+        return lines, False
+    marked = _marked(actions, due, now)
+    problem = _recorded(record, marked)
+    if problem:
+        lines.append("drift: on_drift %s not taken: it could not be recorded first: %s"
+                     % (", ".join("%s of %s" % (action, entry["unit"]) for entry, action in due), problem))
+        return lines, False
+    actions.update(marked)
+    lines.extend(_act(entry, action, run, migrate) for entry, action in due)
+    return lines, True
+
+
+def _marked(actions: Mapping[str, Dict[str, Any]], due: Sequence[Tuple[Mapping[str, Any], str]],
+            now: float) -> Dict[str, Dict[str, Any]]:
+    """The state with each due action taken at ``now``; ``actions`` itself changes only once that is recorded."""
+    marked = copy.deepcopy(dict(actions))
+    for entry, action in due:
+        counts = marked.setdefault(entry["unit"], {"counts": {}})["counts"]
+        marked[entry["unit"]]["last_seconds"] = now
+        counts[action] = int(counts.get(action, 0)) + 1
+    return marked
+
+
+def _recorded(record: Optional[Record], marked: Mapping[str, Dict[str, Any]]) -> str:
+    """Why ``marked`` is not durably recorded; "" once it is."""
+    if record is None:
+        return "no state directory was given to record it in"
+    try:
+        record(marked)
+    except NumaError as exc:
+        return str(exc)
+    return ""
 
 
 def _act(entry: Mapping[str, Any], action: str, run: audit.CommandRunner, migrate: Optional[Migrate]) -> str:
