@@ -4,15 +4,18 @@
 """Turn the fleet's numa_cost results into one report model (controller side).
 
 ``numa_cost_report(hostvars, hosts, var)`` collects each host's registered
-``numa_cost`` result, groups hosts of identical NUMA shape (``topology_signature``),
-and precomputes every table cell's text and heatmap colour so that the Markdown
-and HTML templates of playbooks/cost_report.yml only lay them out. Measured
-figures and the firmware's SLIT are kept apart and labelled as such.
+``numa_cost`` result, checked against host_results.COST_RESULT (a host that breaks
+it is listed with the reason, the others reported), groups hosts of identical NUMA
+shape (``topology_signature``), and precomputes every table cell's text and heatmap
+colour so that report_pages.py only lays them out. Measured figures and the
+firmware's SLIT are kept apart and labelled as such.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
 
 # Heatmap ends: "as good as local" and "clearly remote". A latency (or SLIT) ratio of
 # LATENCY_WORST or more, or a bandwidth ratio of BANDWIDTH_WORST or less, is full red.
@@ -74,14 +77,14 @@ def _off_diagonal(matrix: Sequence[Sequence[Any]]) -> List[float]:
 def _remote_lines(remote: Optional[Mapping[str, Any]]) -> List[str]:
     if not remote:
         return ["not sampled"]
-    if "nodes" not in remote:
-        return ["unavailable: %s" % remote.get("reason", "unknown")]
+    if remote.get("available") is False or not remote.get("nodes"):
+        return ["unavailable: %s" % (remote.get("reason") or "unknown")]
     lines = []
     for entry in remote["nodes"]:
         share = entry.get("remote_share")
         lines.append("node %s: %s of %s pages allocated in %ss were for tasks on other nodes"
                      % (entry["node"], "-" if share is None else "%.1f%%" % (100 * share),
-                        entry.get("allocations", 0), remote.get("window_seconds")))
+                        entry.get("allocations") or 0, remote.get("window_seconds")))
     service = remote.get("service")
     if service:
         lines.append("service: %s" % service.get("summary"))
@@ -93,12 +96,24 @@ def _remote_lines(remote: Optional[Mapping[str, Any]]) -> List[str]:
     return lines
 
 
-def host_entry(name: str, result: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
-    """Everything the templates print for one host."""
-    if not isinstance(result, Mapping) or not result:
-        return {"name": name, "ok": False, "error": "no numa_cost result: host unreachable or skipped"}
-    if result.get("failed") or "nodes" not in result:
-        return {"name": name, "ok": False, "error": result.get("msg") or "numa_cost failed without a message"}
+def checked(result: Any) -> Any:
+    """The clean copy of a host's numa_cost result, or the reason (text) it has none."""
+    reason = host_results.outcome(result)
+    if reason:
+        return reason
+    if "nodes" not in result:
+        return "numa_cost returned no measurement"
+    clean = host_results.check(host_results.COST_RESULT, result)
+    if isinstance(clean, host_results.Rejected):
+        return ("rejected: its result does not match what numa_cost returns (%s); check the host's collection "
+                "version" % clean)
+    return clean
+
+
+def host_entry(name: str, result: Any) -> Dict[str, Any]:
+    """Everything the templates print for one host (``result`` is checked's clean copy, or the reason)."""
+    if not isinstance(result, Mapping):
+        return {"name": name, "ok": False, "error": result}
     nodes = result["nodes"]
     method = result.get("method") or {}
     return {
@@ -116,7 +131,7 @@ def host_entry(name: str, result: Optional[Mapping[str, Any]]) -> Dict[str, Any]
         "notes": list(result.get("notes") or []) + list(method.get("notes") or []),
         "verdict": verdict(result.get("latency_ratio") or [], result.get("distance_ratio") or []),
         "remote": _remote_lines(result.get("remote_ratio")),
-        "method": [method[key] for key in ("measured", "latency", "latency_error", "bandwidth", "noise")
+        "method": [method[key] for key in host_results.METHOD_TEXTS
                    if method.get(key)],
         "elapsed_seconds": result.get("elapsed_seconds"),
     }
@@ -169,16 +184,15 @@ def _group_order(item: Tuple[str, List[str]]) -> Tuple[int, str]:
     return -len(item[1]), item[0]
 
 
-def numa_cost_report(hostvars: Mapping[str, Any], hosts: Sequence[str], var: str = "numa_cost_result") -> Dict[str, Any]:
+def numa_cost_report(hostvars: Any, hosts: Sequence[str], var: str = "numa_cost_result") -> Dict[str, Any]:
     """The report model for ``hosts``, reading each host's registered ``var``."""
-    results = {}  # type: Dict[str, Any]
-    for name in hosts:
-        try:
-            results[name] = hostvars[name].get(var)
-        except (KeyError, AttributeError):
-            results[name] = None
-    entries = [host_entry(name, results[name]) for name in hosts]
-    groups = group_hosts({name: results[name] for name in results if results[name]}, entries)
+    return model(host_results.registered(hostvars, hosts, var), hosts)
+
+
+def model(results: Mapping[str, Any], hosts: Sequence[str]) -> Dict[str, Any]:
+    clean = {name: checked(results.get(name)) for name in hosts}
+    entries = [host_entry(str(name), clean[name]) for name in hosts]
+    groups = group_hosts({name: value for name, value in clean.items() if isinstance(value, Mapping)}, entries)
     return {
         "hosts": entries,
         "groups": groups,
@@ -186,10 +200,3 @@ def numa_cost_report(hostvars: Mapping[str, Any], hosts: Sequence[str], var: str
         "failed": [entry for entry in entries if not entry["ok"]],
         "scale": {"latency_worst": LATENCY_WORST, "bandwidth_worst": BANDWIDTH_WORST},
     }
-
-
-class FilterModule:
-    """inferops.numa cost report filter."""
-
-    def filters(self):
-        return {"numa_cost_report": numa_cost_report}

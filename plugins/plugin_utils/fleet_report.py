@@ -5,34 +5,40 @@
 
 ``numa_fleet_report(hostvars, hosts, var)`` gives one entry per host: its nodes (CPUs, memory, free
 memory, GPUs), balancing state, deployed instances (policy, nodes, locality anon/file, drift,
-affinity), the services it would run (planned, not deployed) and warnings; hosts without a result
-(unreachable, failed, skipped) are listed with the reason. The Markdown and HTML templates of
-playbooks/fleet_report.yml only lay it out. ``numa_fleet_report_dir(given)`` is where the report goes:
-the directory given, else the current one; never inside an installed collection.
+affinity), the services it would run (planned, not deployed) and warnings. Hosts without a result
+(unreachable, failed, skipped) and hosts whose result breaks host_results.METRICS_RESULT are listed
+with the reason; one host never stops the report of the others. report_pages.py lays the model out.
+``report_dir(given)`` is where the report goes: the directory given, else the current one; never
+inside an installed collection.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
 
-from ansible.errors import AnsibleFilterError
+from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
 
 BALANCING = {0: "off", 1: "ON (NUMA hinting faults migrate pages)", 2: "memory tiering", 3: "ON + memory tiering"}
 GIB = 1024.0 ** 3
+DEFAULT_MIN_LOCAL_PERCENT = 99
 
 
-def numa_fleet_report(hostvars: Mapping[str, Any], hosts: Sequence[str], var: str = "fleet_report_result") -> Dict[str, Any]:
+class ReportError(Exception):
+    """A report that cannot be written where it was asked for, with the cause and the fix."""
+
+
+def numa_fleet_report(hostvars: Any, hosts: Sequence[str], var: str = "fleet_report_result") -> Dict[str, Any]:
     """The report model: counts, one entry per host that answered, and the hosts that did not."""
+    return model(host_results.registered(hostvars, hosts, var), hosts)
+
+
+def model(results: Mapping[str, Any], hosts: Sequence[str]) -> Dict[str, Any]:
     answered = []
     missing = []
     for name in hosts:
-        result = (hostvars.get(name) or {}).get(var)
-        reason = _no_result(result)
-        if reason:
-            missing.append({"name": name, "error": reason})
-        else:
-            answered.append(host_entry(name, result))
+        entry = _checked_entry(str(name), results.get(name))
+        (missing if "error" in entry else answered).append(entry)
     instances = [row for host in answered for row in host["instances"]]
     return {"host_count": len(hosts), "answered": answered, "missing": missing,
             "instance_count": len(instances),
@@ -41,22 +47,19 @@ def numa_fleet_report(hostvars: Mapping[str, Any], hosts: Sequence[str], var: st
             "warned_hosts": sum(1 for host in answered if host["warnings"])}
 
 
-def _no_result(result: Any) -> Optional[str]:
-    if not isinstance(result, Mapping):
-        return "no result: the host was not reached or was skipped"
-    if result.get("unreachable"):
-        return "unreachable: %s" % _one_line(result.get("msg") or "no connection")
-    if result.get("failed"):
-        return "failed: %s" % _one_line(result.get("msg") or "no message")
-    if result.get("skipped"):
-        return "skipped: %s" % _one_line(result.get("skip_reason") or "condition false")
+def _checked_entry(name: str, result: Any) -> Dict[str, Any]:
+    """The host's entry, or {"name", "error"} saying why it has none (no reading, or a result that breaks
+    the schema)."""
+    reason = host_results.outcome(result)
+    if reason:
+        return {"name": name, "error": reason}
     if not isinstance(result.get("host"), Mapping):
-        return "no NUMA reading in its result"
-    return None
-
-
-def _one_line(text: Any) -> str:
-    return " ".join(str(text).split())
+        return {"name": name, "error": "no NUMA reading in its result"}
+    clean = host_results.check(host_results.METRICS_RESULT, result)
+    if isinstance(clean, host_results.Rejected):
+        return {"name": name, "error": "rejected: its result does not match what numa_metrics returns (%s); "
+                                       "check the host's collection version and its root" % clean}
+    return host_entry(name, clean)
 
 
 def host_entry(name: str, result: Mapping[str, Any]) -> Dict[str, Any]:
@@ -77,6 +80,10 @@ def host_entry(name: str, result: Mapping[str, Any]) -> Dict[str, Any]:
             "balancing_on": balancing in (1, 3), "instances": instances, "planned": planned, "warnings": warnings}
 
 
+def _or(value: Any, otherwise: Any) -> Any:
+    return otherwise if value is None else value
+
+
 def _gib(value: Any) -> str:
     return "-" if not isinstance(value, (int, float)) else "%.1f" % (value / GIB)
 
@@ -90,10 +97,10 @@ def _instance_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
     return {"unit": entry.get("unit"), "policy": entry.get("policy"), "nodes": entry.get("nodes"),
             "cpulist": entry.get("cpulist"), "state": "up" if entry.get("up") else entry.get("state") or "down",
             "anon": _ratio(local.get("anon")), "file": _ratio(local.get("file")),
-            "judged": _ratio(local.get("judged")), "minimum": "%g %%" % entry.get("min_local_percent", 99),
+            "judged": _ratio(local.get("judged")), "minimum": "%g %%" % _or(entry.get("min_local_percent"), DEFAULT_MIN_LOCAL_PERCENT),
             "drift": bool(entry.get("drift")),
             "affinity": {True: "yes", False: "NO", None: "-"}[entry.get("affinity_match")],
-            "message": _one_line(entry.get("message") or "")}
+            "message": entry.get("message") or ""}
 
 
 def _planned_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
@@ -101,7 +108,7 @@ def _planned_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
             "nodes": entry.get("nodes") or "-", "cpulist": entry.get("cpulist") or "-",
             "threads": entry.get("threads") or 0, "gpus": ", ".join(entry.get("gpus") or []) or "-",
             "port": entry.get("port") if entry.get("port") is not None else "-",
-            "error": _one_line(entry["error"]) if entry.get("error") else ""}
+            "error": entry.get("error") or ""}
 
 
 def _warnings(balancing: Any, instances: List[Dict[str, Any]], planned: List[Dict[str, Any]],
@@ -118,11 +125,11 @@ def _warnings(balancing: Any, instances: List[Dict[str, Any]], planned: List[Dic
         if row["state"] != "up":
             lines.append("%s is not running: %s" % (row["unit"], row["message"]))
     lines.extend("%s cannot be placed: %s" % (row["unit"], row["error"]) for row in planned if row["error"])
-    lines.extend(_one_line(text) for text in result.get("read_warnings") or [])
+    lines.extend(result.get("read_warnings") or [])
     return lines
 
 
-def numa_fleet_report_dir(given: Any = None) -> str:
+def report_dir(given: Any = None) -> str:
     """The report's directory: ``given`` (relative to the current one), else the current directory.
 
     Refused inside an installed collection (a directory holding MANIFEST.json above it), which
@@ -132,14 +139,9 @@ def numa_fleet_report_dir(given: Any = None) -> str:
     probe = directory
     while True:
         if os.path.isfile(os.path.join(probe, "MANIFEST.json")) and os.path.isdir(os.path.join(probe, "plugins")):
-            raise AnsibleFilterError("fleet_report_dir %s is inside the installed collection %s: write the report "
-                                     "elsewhere, e.g. -e fleet_report_dir=$PWD/reports" % (directory, probe))
+            raise ReportError("the report directory %s is inside the installed collection %s: write the report "
+                              "elsewhere, e.g. -e fleet_report_dir=$PWD/reports" % (directory, probe))
         parent = os.path.dirname(probe)
         if parent == probe:
             return directory
         probe = parent
-
-
-class FilterModule:
-    def filters(self) -> Dict[str, Any]:
-        return {"numa_fleet_report": numa_fleet_report, "numa_fleet_report_dir": numa_fleet_report_dir}

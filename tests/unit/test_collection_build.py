@@ -90,9 +90,12 @@ def test_everything_the_roles_and_playbooks_read_is_inside(built):
             with open(os.path.join(REPO, path)) as handle:
                 referenced |= _read_by(path, handle.read())
     for expected in ("roles/numa_host/files/installed_stamp.py", "roles/inference_service/templates/service@.service.j2",
-                     "roles/inference_service/tasks/service.yml", "playbooks/templates/cost_report.html.j2"):
+                     "roles/inference_service/tasks/service.yml"):
         assert expected in referenced, expected
     assert referenced <= files, sorted(referenced - files)
+    # The numa_report action renders the report pages from the collection's templates (plugin_utils/report_pages.py).
+    pages = {"playbooks/templates/%s_report.%s.j2" % (kind, fmt) for kind in ("fleet", "cost") for fmt in ("md", "html")}
+    assert pages <= files, sorted(pages - files)
     # numa_host installs the helper from the collection's own package, beside the roles.
     assert "plugins/module_utils/numa/__main__.py" in files and "plugins/module_utils/numa/cli.py" in files
 

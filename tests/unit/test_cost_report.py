@@ -5,10 +5,10 @@ import re
 import subprocess
 import sys
 
-import jinja2
 import pytest
 
-from ansible_collections.inferops.numa.plugins.filter import numa_cost_report as report_filter
+from ansible_collections.inferops.numa.plugins.plugin_utils import cost_report as report_filter
+from ansible_collections.inferops.numa.plugins.plugin_utils import report_pages
 from tests.tools import ansible_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -59,9 +59,9 @@ HOSTS = ["guest-a", "guest-b", "box", "broken", "down"]
 
 
 def render(name, model):
-    # The template module renders with trim_blocks on.
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True, undefined=jinja2.StrictUndefined)
-    return env.get_template(name).render(report=model)
+    """A page as the numa_report action renders it: report_pages' own escaping environments."""
+    kind, fmt = name[:-len(".j2")].rsplit(".", 1)
+    return report_pages.render(kind, model)[fmt]
 
 
 def test_hosts_are_grouped_by_identical_shape_largest_group_first():
@@ -70,8 +70,8 @@ def test_hosts_are_grouped_by_identical_shape_largest_group_first():
         (1, ["guest-a", "guest-b"], SIGNATURE), (2, ["box"], "node0:8cpu node1:8cpu slit=10,32/32,10")]
     assert model["host_count"] == 5
     assert [(h["name"], h["error"]) for h in model["failed"]] == [
-        ("broken", "set_mempolicy(bind, nodes 1) failed with EPERM"),
-        ("down", "no numa_cost result: host unreachable or skipped")]
+        ("broken", "failed: set_mempolicy(bind, nodes 1) failed with EPERM"),
+        ("down", "no result: the host was not reached or was skipped")]
 
 
 def test_group_heatmap_is_the_cellwise_median_and_ignores_unmeasured_cells():
@@ -113,12 +113,12 @@ def test_markdown_report_shows_measured_and_slit_side_by_side_and_labels_them():
     assert "emulated NUMA" in guest
     assert "**Noise: median / fastest chase stretch (1.00 = quiet host)**" in guest
     assert "| **node 0** | 1.05 | 1.30 |" in guest
-    assert "- node 0: 25.0% of 200 pages allocated in 1.0s were for tasks on other nodes" in guest
-    assert "perf node-loads: unavailable (perf reports <not supported>)" in guest
+    assert "- `node 0: 25.0% of 200 pages allocated in 1.0s were for tasks on other nodes`" in guest
+    assert "- `perf node-loads: unavailable (perf reports <not supported>)`" in guest
     box = text[text.index("### box"):]
-    assert "| **node 1** | - | 1.00 |" in box
-    assert "- 1->0: killed: it did not finish in the 9.0 s of the max_seconds=20 budget that were left" in box
-    assert "- **broken**: set_mempolicy(bind, nodes 1) failed with EPERM" in text
+    assert "| **node 1** | `-` | 1.00 |" in box
+    assert "- `1->0: killed: it did not finish in the 9.0 s of the max_seconds=20 budget that were left`" in box
+    assert "- **broken**: `failed: set_mempolicy(bind, nodes 1) failed with EPERM`" in text
     assert "\n\n\n\n" not in text
 
 
@@ -154,7 +154,8 @@ def test_playbook_measures_this_host_and_writes_both_reports_where_it_runs(tmp_p
                           cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:]
-    assert "NUMA cost report: %s/cost_report.md" % os.path.realpath(str(tmp_path)) in done.stdout
+    assert "NUMA cost report of 1 host(s) (0 without a result): %s/cost_report.md and " % os.path.abspath(str(tmp_path)) \
+        in done.stdout
     assert set(os.listdir(os.path.dirname(PLAYBOOK))) == in_collection
     markdown = (tmp_path / "cost_report.md").read_text()
     assert "1 host(s), 1 host type(s)." in markdown

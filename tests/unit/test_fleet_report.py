@@ -1,18 +1,20 @@
 """The fleet report: services planned as the role plans them, the filter's model and both templates on fake
 results, where the report may go, then playbooks/fleet_report.yml for real over a small simulated fleet."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 
 import importlib
 
-import jinja2
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import fleet
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.plugin_utils import fleet_report, report_pages
 
 from tests.fixtures import sysfs
 from tests.tools import ansible_command
@@ -27,6 +29,11 @@ def report_filter():
     """The filter plugin, imported when a test runs: it imports ansible.errors, and with that imported at
     collection time test_balancing_module's in-process module runs no longer return their warnings."""
     return importlib.import_module("ansible_collections.inferops.numa.plugins.filter.numa_fleet_report")
+
+
+def report_model(hostvars, hosts):
+    """The model as the numa_report action builds it (the filter returns the same, marked unsafe)."""
+    return fleet_report.numa_fleet_report(hostvars, hosts)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +90,7 @@ HOSTS = ["good", "drifting", "gone", "broken", "skipped", "<script>"]
 
 
 def test_the_model_lists_every_host_and_why_some_have_no_result():
-    model = report_filter().numa_fleet_report(HOSTVARS, HOSTS)
+    model = report_model(HOSTVARS, HOSTS)
     assert [host["name"] for host in model["answered"]] == ["good", "drifting"]
     assert model["missing"] == [
         {"name": "gone", "error": "unreachable: Failed to connect to the host"},
@@ -102,25 +109,25 @@ def test_the_model_lists_every_host_and_why_some_have_no_result():
 
 
 def test_no_host_at_all_is_a_report_too():
-    model = report_filter().numa_fleet_report({}, [])
+    model = report_model({}, [])
     assert model["host_count"] == 0 and render("fleet_report.md.j2", model).startswith("# NUMA fleet report")
 
 
 def render(name, model):
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), trim_blocks=True,
-                             undefined=jinja2.StrictUndefined)
-    return env.get_template(name).render(report=model)
+    """A page as the numa_report action renders it: report_pages' own escaping environments."""
+    kind, fmt = name[:-len(".j2")].rsplit(".", 1)
+    return report_pages.render(kind, model)[fmt]
 
 
 def test_both_pages_show_the_hosts_their_nodes_services_and_warnings():
-    model = report_filter().numa_fleet_report(HOSTVARS, HOSTS)
+    model = report_model(HOSTVARS, HOSTS)
     markdown = render("fleet_report.md.j2", model)
     html = render("fleet_report.html.j2", model)
-    assert "| drifting | 2 | 4 | 1 | ON (NUMA hinting faults migrate pages) | 1 | 1 | 4 |" in markdown
-    assert "| llama@1.service | up | bind | 1 | 2-3 | 100.00 % | 50.00 % | 90.00 % | 99 % | DRIFT | NO |" in markdown
-    assert "| llama@0.service | bind | 0 | 0-1 | 2 | - | 8080 |" in markdown
-    assert "| 1 | 2 | 2-3 | 4.0 | 1.0 | 0000:81:00.0 |" in markdown
-    assert "- **gone**: unreachable: Failed to connect to the host" in markdown
+    assert "| drifting | 2 | 4 | 1 | `ON (NUMA hinting faults migrate pages)` | 1 | 1 | 4 |" in markdown
+    assert "| `llama@1.service` | up | bind | 1 | 2-3 | 100.00 % | 50.00 % | 90.00 % | 99 % | DRIFT | NO |" in markdown
+    assert "| `llama@0.service` | bind | 0 | 0-1 | 2 | `-` | 8080 |" in markdown
+    assert "| 1 | 2 | 2-3 | 4.0 | 1.0 | `0000:81:00.0` |" in markdown
+    assert "- **gone**: `unreachable: Failed to connect to the host`" in markdown
     assert "<script>" not in html and "&lt;script&gt;" in html and 'class="bad">DRIFT' in html
 
 
@@ -169,9 +176,9 @@ def test_a_simulated_fleet_gets_one_page_with_its_unreachable_and_failed_hosts(t
     assert "6 host(s): 4 answered, 2 without a result;" in markdown
     assert "| fleet-0 | 8 | 16 | 0 |" in markdown and "| fleet-3 | 8 | 16 | 0 |" in markdown
     assert "| fleet-2 | 4 | 40 | 0 |" in markdown  # the machines in name order: 16amd64, 2arm, 40intel64
-    assert "| llama@3.service | bind | 3 | 3,7,11,15,19,23,27,31,35,39 | 10 | - | 8083 |" in markdown
-    assert "- **down**: unreachable:" in markdown
-    assert "- **bad-root**: failed: topology root '/nonexistent' is not a directory" in markdown
+    assert "| `llama@3.service` | bind | 3 | 3,7,11,15,19,23,27,31,35,39 | 10 | `-` | 8083 |" in markdown
+    assert "- **down**: `unreachable:" in markdown
+    assert "- **bad-root**: `failed: topology root '/nonexistent' is not a directory" in markdown
     assert "<h2>fleet-1</h2>" in html
 
 
@@ -180,4 +187,52 @@ def test_a_fleet_with_no_reachable_host_still_gets_its_report(tmp_path):
                                             extra_hosts={"down-1": UNREACHABLE, "down-2": UNREACHABLE})
     markdown, _html = run_report(tmp_path, inventory)
     assert "2 host(s): 0 answered, 2 without a result;" in markdown
-    assert "- **down-1**: unreachable:" in markdown and "- **down-2**: unreachable:" in markdown
+    assert "- **down-1**: `unreachable:" in markdown and "- **down-2**: `unreachable:" in markdown
+
+
+RECIPES = ("dual_socket_gpus", "amd_nps4", "grace_like", "cxl_memory_node", "vm_without_nodes", "cgroup_restricted",
+           "dgx_like", "gh200_like", "memoryless_cpu_nodes")
+EVERY_LAYOUT = [{"name": "llama", "layout": "per_node", "model_size": "1G", "port_base": 8080},
+                {"name": "vllm", "layout": "per_gpu", "model_size": "1G"},
+                {"name": "big", "layout": "single", "model_size": "1G", "gpus": "auto"}]
+
+
+def gpu_addresses(root):
+    """The display-class PCI functions of a machine, read here from the raw files (the oracle): class 0x03xxxx,
+    and not the ASPEED or Matrox BMCs the reader leaves out."""
+    base = os.path.join(root, "sys", "bus", "pci", "devices")
+    found = []
+    for address in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        try:
+            with open(os.path.join(base, address, "class")) as handle:
+                device_class = int(handle.read().strip(), 16)
+            with open(os.path.join(base, address, "vendor")) as handle:
+                vendor = handle.read().strip().lower()
+        except (OSError, ValueError):
+            continue
+        if device_class >> 16 == 0x03 and vendor not in ("0x1a03", "0x102b"):
+            found.append(address)
+    return found
+
+
+def test_every_captured_and_constructed_machine_is_reported_whole(tmp_path):
+    """numa_metrics and the fleet report over every machine the project has: the hwloc dumps and every recipe of
+    tests/fixtures/sysfs.py (the GPU machines included), each with one service of every layout planned."""
+    roots = {name: getattr(sysfs, name)().write(str(tmp_path / "recipes" / name)) for name in RECIPES}
+    if os.path.isdir(fleet_bench.DUMPS):
+        roots.update((os.path.basename(root), root) for root in fleet_bench.extract_machines(str(tmp_path / "dumps")))
+    elif os.environ.get("CI"):
+        pytest.fail("the captured machines of %s are missing" % fleet_bench.DUMPS)
+    hosts = {name: {"numa_root": root, "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                    "inference_service_list": EVERY_LAYOUT} for name, root in roots.items()}
+    inventory = tmp_path / "inventory.json"
+    inventory.write_text(json.dumps({"all": {"hosts": hosts}}))
+    markdown, html = run_report(tmp_path, str(inventory))
+    assert "%d host(s): %d answered, 0 without a result;" % (len(hosts), len(hosts)) in markdown
+    for name, root in roots.items():
+        row = re.search(r"^\| %s \| (\d+) \| (\d+) \| (\d+) \|" % re.escape(report_pages.markdown_value(name)),
+                        markdown, re.MULTILINE)
+        assert row, name
+        assert int(row.group(3)) == len(gpu_addresses(root)), name
+        assert "<h2>%s</h2>" % name.replace("&", "&amp;") in html
+    assert "`0000:81:00.0`" in markdown  # dual_socket_gpus' H100 on node 1, by address

@@ -36,11 +36,12 @@ def _under(root: str, path: str) -> str:
 
 
 def summary(topology: Mapping[str, Any]) -> Dict[str, Any]:
-    """Nodes with their CPUs, memory and GPUs, and the GPUs without a node. Not the distance matrix: a
-    64-node host's would be 4096 numbers in every result the controller keeps."""
+    """Nodes with their CPUs, memory and GPUs (the topology lists a node's GPUs by PCI address), and the GPUs
+    without a node. Not the distance matrix: a 64-node host's would be 4096 numbers in every result the
+    controller keeps."""
     nodes = [{"id": node["id"], "cpulist": node.get("cpulist") or "", "cpus": len(node.get("cpus") or []),
               "memory_total_bytes": (node.get("memory_total_kb") or 0) * 1024,
-              "gpus": [gpu.get("address") for gpu in node.get("gpus") or []]} for node in topology.get("nodes", [])]
+              "gpus": list(node.get("gpus") or [])} for node in topology.get("nodes", [])]
     return {"nodes": nodes,
             "gpus_without_node": [gpu.get("address") for gpu in topology.get("gpus") or []
                                   if gpu.get("numa_node") is None],
