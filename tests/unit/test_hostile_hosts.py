@@ -73,6 +73,12 @@ def fake_interpreter(directory, name, printed):
     return script
 
 
+def fake_hosts(directory, printed):
+    """Inventory entries of hosts on the local connection, each printing its ``printed[name]`` as its result."""
+    return {name: {"ansible_connection": "local", "ansible_python_interpreter": fake_interpreter(directory, name, text)}
+            for name, text in printed.items()}
+
+
 def hostile_machine(root, marker):
     """A captured dual-socket GPU machine whose sysfs carries markup and Jinja in names and values."""
     machine = sysfs.dual_socket_gpus()
@@ -139,17 +145,13 @@ def marker(tmp_path):
 
 
 def test_the_fleet_report_treats_every_byte_a_host_returns_as_data(tmp_path, marker):
-    hosts = {}
-    for index, text in enumerate(MARKUP):
-        hosts["evil-%02d" % index] = {"ansible_connection": "local", "ansible_python_interpreter": fake_interpreter(
-            str(tmp_path), "evil-%02d" % index, json.dumps(metrics_result(marker, text)))}
+    printed = {"evil-%02d" % index: json.dumps(metrics_result(marker, text)) for index, text in enumerate(MARKUP)}
     wrong_type = metrics_result(marker, "x")
     wrong_type["instances"][0]["min_local_percent"] = "99"
-    broken = {"wrong-type": json.dumps(wrong_type), "not-an-object": "[1, 2, 3]", "not-json": "<html>{{ 7*7 }}",
-              "huge": json.dumps(metrics_result(marker, "x" * 200000)), "cut": '{"host": {"nodes": "{{'}
-    for name, printed in broken.items():
-        hosts[name] = {"ansible_connection": "local",
-                       "ansible_python_interpreter": fake_interpreter(str(tmp_path), name, printed)}
+    printed.update({"wrong-type": json.dumps(wrong_type), "not-an-object": "[1, 2, 3]",
+                    "not-json": "<html>{{ 7*7 }}", "huge": json.dumps(metrics_result(marker, "x" * 200000)),
+                    "cut": '{"host": {"nodes": "{{'})
+    hosts = fake_hosts(str(tmp_path), printed)
     hosts["captured"] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                          "numa_root": hostile_machine(str(tmp_path / "machine"), marker),
                          "inference_service_list": [{"name": "llama", "layout": "per_gpu", "model_size": "1G"}]}
@@ -177,14 +179,11 @@ def test_the_fleet_report_treats_every_byte_a_host_returns_as_data(tmp_path, mar
 
 
 def test_the_cost_report_treats_every_byte_a_host_returns_as_data(tmp_path, marker):
-    hosts = {}
-    for index, text in enumerate(MARKUP):
-        hosts["evil-%02d" % index] = {"ansible_connection": "local", "ansible_python_interpreter": fake_interpreter(
-            str(tmp_path), "evil-%02d" % index, json.dumps(cost_result(marker, text)))}
+    printed = {"evil-%02d" % index: json.dumps(cost_result(marker, text)) for index, text in enumerate(MARKUP)}
     wrong_type = cost_result(marker, "x")
     wrong_type["latency_ns"][0][1] = "135"
-    hosts["wrong-type"] = {"ansible_connection": "local", "ansible_python_interpreter": fake_interpreter(
-        str(tmp_path), "wrong-type", json.dumps(wrong_type))}
+    printed["wrong-type"] = json.dumps(wrong_type)
+    hosts = fake_hosts(str(tmp_path), printed)
     hosts["down"] = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
                      "ansible_ssh_common_args": "-o ConnectTimeout=5"}
     output = run_playbook(tmp_path, "cost_report.yml", hosts, ["-e", "numa_cost_report_dir=report"])
