@@ -96,22 +96,8 @@ def _remote_lines(remote: Optional[Mapping[str, Any]]) -> List[str]:
     return lines
 
 
-def checked(result: Any) -> Any:
-    """The clean copy of a host's numa_cost result, or the reason (text) it has none."""
-    reason = host_results.outcome(result)
-    if reason:
-        return reason
-    if "nodes" not in result:
-        return "numa_cost returned no measurement"
-    clean = host_results.check(host_results.COST_RESULT, result)
-    if isinstance(clean, host_results.Rejected):
-        return ("rejected: its result does not match what numa_cost returns (%s); check the host's collection "
-                "version" % clean)
-    return clean
-
-
 def host_entry(name: str, result: Any) -> Dict[str, Any]:
-    """Everything the templates print for one host (``result`` is checked's clean copy, or the reason)."""
+    """Everything the templates print for one host (``result`` is its clean reading, or why it has none)."""
     if not isinstance(result, Mapping):
         return {"name": name, "ok": False, "error": result}
     nodes = result["nodes"]
@@ -190,7 +176,8 @@ def numa_cost_report(hostvars: Any, hosts: Sequence[str], var: str = "numa_cost_
 
 
 def model(results: Mapping[str, Any], hosts: Sequence[str]) -> Dict[str, Any]:
-    clean = {name: checked(results.get(name)) for name in hosts}
+    clean = {name: host_results.reading(results.get(name), host_results.COST_RESULT, "numa_cost", "nodes")
+             for name in hosts}
     entries = [host_entry(str(name), clean[name]) for name in hosts]
     groups = group_hosts({name: value for name, value in clean.items() if isinstance(value, Mapping)}, entries)
     return {

@@ -17,11 +17,11 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, Sequence
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.metrics import DEFAULT_SETTINGS
 from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
 
 BALANCING = {0: "off", 1: "ON (NUMA hinting faults migrate pages)", 2: "memory tiering", 3: "ON + memory tiering"}
 GIB = 1024.0 ** 3
-DEFAULT_MIN_LOCAL_PERCENT = 99
 
 
 class ReportError(Exception):
@@ -48,18 +48,9 @@ def model(results: Mapping[str, Any], hosts: Sequence[str]) -> Dict[str, Any]:
 
 
 def _checked_entry(name: str, result: Any) -> Dict[str, Any]:
-    """The host's entry, or {"name", "error"} saying why it has none (no reading, or a result that breaks
-    the schema)."""
-    reason = host_results.outcome(result)
-    if reason:
-        return {"name": name, "error": reason}
-    if not isinstance(result.get("host"), Mapping):
-        return {"name": name, "error": "no NUMA reading in its result"}
-    clean = host_results.check(host_results.METRICS_RESULT, result)
-    if isinstance(clean, host_results.Rejected):
-        return {"name": name, "error": "rejected: its result does not match what numa_metrics returns (%s); "
-                                       "check the host's collection version and its root" % clean}
-    return host_entry(name, clean)
+    """The host's entry, or {"name", "error"} saying why it has none."""
+    clean = host_results.reading(result, host_results.METRICS_RESULT, "numa_metrics", "host")
+    return host_entry(name, clean) if isinstance(clean, Mapping) else {"name": name, "error": clean}
 
 
 def host_entry(name: str, result: Mapping[str, Any]) -> Dict[str, Any]:
@@ -97,7 +88,8 @@ def _instance_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
     return {"unit": entry.get("unit"), "policy": entry.get("policy"), "nodes": entry.get("nodes"),
             "cpulist": entry.get("cpulist"), "state": "up" if entry.get("up") else entry.get("state") or "down",
             "anon": _ratio(local.get("anon")), "file": _ratio(local.get("file")),
-            "judged": _ratio(local.get("judged")), "minimum": "%g %%" % _or(entry.get("min_local_percent"), DEFAULT_MIN_LOCAL_PERCENT),
+            "judged": _ratio(local.get("judged")),
+            "minimum": "%g %%" % _or(entry.get("min_local_percent"), DEFAULT_SETTINGS["min_local_percent"]),
             "drift": bool(entry.get("drift")),
             "affinity": {True: "yes", False: "NO", None: "-"}[entry.get("affinity_match")],
             "message": entry.get("message") or ""}

@@ -231,6 +231,21 @@ def outcome(result: Any) -> Optional[str]:
     return None
 
 
+def reading(result: Any, spec: Spec, module: str, required: str) -> Union[Dict[str, Any], str]:
+    """The clean copy of a host's registered ``module`` result, or why it has none: no reading (unreachable,
+    failed, skipped, or without its ``required`` key) or a result that breaks ``spec``."""
+    reason = outcome(result)
+    if reason:
+        return reason
+    if required not in result:
+        return "%s returned no reading" % module
+    clean = check(spec, result)
+    if isinstance(clean, Rejected):
+        return ("rejected: its result does not match what %s returns (%s); check the host's collection version"
+                % (module, clean))
+    return clean
+
+
 def _message(value: Any, otherwise: str) -> str:
     """A host's own message, one short line whatever its type (it is quoted, never trusted)."""
     return one_line(" ".join(str(value).split()), 512) if value else otherwise
