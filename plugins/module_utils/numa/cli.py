@@ -392,7 +392,8 @@ def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) ->
     from .engines import conflicting_flags, missing_programs
 
     engine = placement.engine["engine"]
-    conflicts = conflicting_flags(engine, server_argv)
+    # What the server starts with: numa-pin's environment (the unit's Environment= among it) and the plan's.
+    conflicts = conflicting_flags(engine, server_argv, dict(os.environ, **placement.env))
     if conflicts and not best_effort:
         raise NumaError("refusing engine %s's %s: remove it from the command (numa-pin binds the process), or set "
                         "engine generic to start the command as given" % (engine, "; ".join(conflicts)))

@@ -9,7 +9,8 @@ into the engine's own switches, or turns the engine's binder off where ours bind
 so that two binders never fight:
 
 - ``generic``: nothing; the plan's binding only.
-- ``llama.cpp``: no ``--numa``, and a command giving one is refused: in every ``--numa`` mode
+- ``llama.cpp``: no ``--numa``, and a command giving one, or an environment holding
+  ``LLAMA_ARG_NUMA`` (which llama.cpp reads as ``--numa``), is refused: in every ``--numa`` mode
   (``numactl`` included) ggml sets the main thread's affinity to all CPUs after each graph, so
   numa-pin's binding alone is what keeps llama.cpp on the plan's CPUs.
 - ``vllm``: spanning, ``--numa-bind`` with ``--numa-bind-nodes`` and ``--numa-bind-cpus`` from the
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Sequence, Tuple
+    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
     GpuMap = Sequence[Mapping[str, Any]]
     # (args, env, requires, reasons)
@@ -37,13 +38,16 @@ GENERIC = "generic"
 ENGINES = (GENERIC, "llama.cpp", "vllm", "sglang", "trtllm")
 
 
-# Flags of an engine's command that undo the plan's binding: numa-pin refuses to start them.
+# Settings of an engine that undo the plan's binding, numa-pin refuses to start them: per engine
+# (flag, the environment variable the engine reads as that flag, why). A variable counts whatever
+# its value: the engine reads an empty one too.
 _CONFLICTS = {
     # ggml (llama.cpp b11434, ggml-cpu.c): in any --numa mode on a multi-node host the main thread's
-    # affinity is set to every CPU after each graph (clear_numa_thread_affinity).
-    "llama.cpp": {"--numa": "llama.cpp's --numa resets its main thread's CPU affinity to all CPUs after each graph, "
-                            "outside the plan"},
-}
+    # affinity is set to every CPU after each graph (clear_numa_thread_affinity). common/arg.cpp reads
+    # LLAMA_ARG_NUMA when the command has no --numa, an empty value as "distribute".
+    "llama.cpp": (("--numa", "LLAMA_ARG_NUMA", "llama.cpp's --numa resets its main thread's CPU affinity to all "
+                                               "CPUs after each graph, outside the plan"),),
+}  # type: Dict[str, Tuple[Tuple[str, str, str], ...]]
 
 
 def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
@@ -52,14 +56,22 @@ def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
     runs, ``conflicts`` flags of its command that would undo the binding."""
     args, env, requires, reasons = _RECIPES[engine](gpu_map, spanning)
     return {"engine": engine, "args": args, "env": env, "requires": requires,
-            "conflicts": sorted(_CONFLICTS.get(engine, {})), "reasons": reasons}
+            "conflicts": sorted(flag for flag, _variable, _why in _CONFLICTS.get(engine, ())), "reasons": reasons}
 
 
-def conflicting_flags(engine: str, argv: Sequence[str]) -> List[str]:
-    """Why each flag of ``argv`` that the engine's recipe names as a conflict undoes the binding."""
-    conflicts = _CONFLICTS.get(engine, {})
+def conflicting_flags(engine: str, argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """Why each flag of ``argv`` that the engine's recipe names as a conflict undoes the binding, and
+    each variable of ``environ`` (the environment the server will start with; None where it is not
+    known, as on the controller) that the engine reads as such a flag."""
     given = {arg.partition("=")[0] for arg in argv[1:] if arg.startswith("--")}
-    return ["%s (%s)" % (flag, why) for flag, why in sorted(conflicts.items()) if flag in given]
+    found = []
+    for flag, variable, why in sorted(_CONFLICTS.get(engine, ())):
+        if flag in given:
+            found.append("%s (%s)" % (flag, why))
+        if environ is not None and variable in environ:
+            found.append("%s in the environment, which %s reads as %s (%s; unset it: drop it from the service's "
+                         "environment)" % (variable, engine, flag, why))
+    return found
 
 
 def _generic(gpu_map: GpuMap, spanning: bool) -> Parts:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 
 from .errors import NumaError
 
@@ -86,7 +87,8 @@ RESOLVE_IN_ROOT = 0x10
 _NO_OPENAT2 = (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.E2BIG)
 
 _LIBC = None
-_OPEN_HOW = {}  # type: Dict[int, Tuple[Any, Any, int, Any]]
+_OPEN_HOW = {}  # type: Dict[int, bytes]
+_RAW_SYSCALL = None  # type: Optional[Tuple[Any, Any]]
 
 
 class KernelCallError(NumaError):
@@ -114,27 +116,36 @@ def libc() -> ctypes.CDLL:
 def open_in_root(root_fd: int, rel: str, flags: int) -> int:
     """An fd of ``rel`` resolved as if ``root_fd`` were ``/``: links and ``..`` never leave it (a chroot's
     lookup, done by the kernel in one call). OSError with the kernel's errno."""
-    call = _OPEN_HOW.get(flags)
-    if call is None:
-        call = _OPEN_HOW[flags] = _openat2_call(flags)
-    syscall, how, size, get_errno = call
-    fd = syscall(SYS_OPENAT2, root_fd, rel.encode("utf-8", "surrogateescape"), how, size)
+    how = _OPEN_HOW.get(flags)
+    if how is None:
+        # struct open_how {u64 flags, mode, resolve}, passed as the bytes it is made of.
+        how = _OPEN_HOW[flags] = struct.pack("=QQQ", flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    syscall, get_errno = _raw_syscall()
+    fd = syscall(SYS_OPENAT2, root_fd, rel.encode("utf-8", "surrogateescape"), how, len(how))
     if fd < 0:
         err = get_errno()
         raise OSError(err, os.strerror(err), rel)
     return fd
 
 
-def _openat2_call(flags: int) -> Tuple[Any, Any, int, Any]:
-    """(libc's syscall, a struct open_how for ``flags``, its size, ctypes.get_errno), made once per flags:
-    a reader opens a thousand files of a large machine with the same few."""
-    import ctypes
+def _raw_syscall() -> Tuple[Any, Any]:
+    """(libc's syscall returning a C int, its errno getter) from ``_ctypes`` itself: a reader under --root
+    opens a thousand files through it, and ``import ctypes`` (its Python half) costs 5 ms here, a
+    sixth of a whole ``numa-pin facts --root``; these three lines of it are all openat2 needs."""
+    global _RAW_SYSCALL
+    if _RAW_SYSCALL is None:
+        import _ctypes
 
-    class OpenHow(ctypes.Structure):
-        _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+        class CInt(_ctypes._SimpleCData):  # type: ignore[misc,name-defined]
+            _type_ = "i"
 
-    how = OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-    return libc().syscall, ctypes.byref(how), ctypes.sizeof(how), ctypes.get_errno
+        class Syscall(_ctypes.CFuncPtr):  # type: ignore[misc,name-defined]
+            _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+            _restype_ = CInt
+
+        this_program = _ctypes.dlopen(None, os.RTLD_NOW)  # type: ignore[attr-defined]
+        _RAW_SYSCALL = Syscall(_ctypes.dlsym(this_program, "syscall")), _ctypes.get_errno  # type: ignore[attr-defined]
+    return _RAW_SYSCALL
 
 
 def has_open_in_root(root_fd: int) -> bool:

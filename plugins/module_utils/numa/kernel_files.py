@@ -13,9 +13,13 @@ host, a captured or fake tree in tests), like hwloc's ``HWLOC_FSROOT``:
 
 A root other than ``/`` is someone else's tree, read by root: :class:`Root` resolves
 every path inside it as a chroot would (hwloc opens relative to a root fd the same
-way), opens regular files only, never blocks on a FIFO and reads a bounded amount.
-The kernel does the resolving in one call where it can (openat2's RESOLVE_IN_ROOT,
-Linux 5.6); elsewhere Root walks the path from the root fd a name at a time.
+way), opens nothing before knowing it is a regular file (or a directory to list), never
+blocks on a FIFO and reads a bounded amount. The kernel does the resolving in one call
+where it can (openat2's RESOLVE_IN_ROOT, Linux 5.6); elsewhere Root walks the path from
+the root fd a name at a time.
+
+A warning that quotes what a file holds quotes :func:`excerpt` of it: a few characters,
+printable ASCII, and nothing of a file that not every user may read.
 
 kernel.py makes the syscalls, openat2 among them; this module only reads. numa-pin
 exec imports it at every server start (through topology and pagecache), so ``typing``
@@ -58,6 +62,13 @@ _HEX_DIGITS = "0123456789abcdefABCDEF"
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PATH_FLAGS = os.O_PATH | os.O_CLOEXEC
+# This process's fds as procfs shows them: opening /proc/self/fd/N opens exactly the object fd N
+# refers to (an O_PATH fd's too), with no lookup by name that a rename could redirect.
+_OWN_FDS = "/proc/self/fd"
+
+# How much of a file's content a warning quotes: enough to recognise a value by, too little
+# to carry a file's worth of whatever a planted link points at.
+EXCERPT_CHARS = 32
 
 
 class Root:
@@ -76,7 +87,12 @@ class Root:
         self.path = path
         self.prefix = path.rstrip("/") + "/"
         self._root_fd = None if os.path.realpath(path) == "/" else os.open(path, _DIR_FLAGS & ~os.O_NOFOLLOW)
-        self._kernel_resolves = self._root_fd is not None and has_open_in_root(self._root_fd)
+        # The kernel's lookup yields an O_PATH fd, reopened through procfs once its type is known:
+        # without procfs mounted here, the walk (which opens by name after a type check) stands in.
+        # /proc/self/fd is opened once, so each reopen resolves one name rather than three.
+        kernel_can = self._root_fd is not None and has_open_in_root(self._root_fd)
+        self._own_fds = _open_own_fds() if kernel_can else None  # type: Optional[int]
+        self._kernel_resolves = self._own_fds is not None
         self._dirs = {}  # type: Dict[str, int]
 
     def __enter__(self) -> Root:
@@ -89,15 +105,21 @@ class Root:
         for fd in self._dirs.values():
             os.close(fd)
         self._dirs.clear()
-        if self._root_fd is not None:
-            os.close(self._root_fd)
-            self._root_fd = None
+        for fd in (self._root_fd, self._own_fds):
+            if fd is not None:
+                os.close(fd)
+        self._root_fd = self._own_fds = None
 
     def read(self, rel: str, limit: int = MAX_FILE_BYTES) -> bytes:
         """The bytes of the regular file ``rel``; OSError when it is anything else or over ``limit``."""
-        fd = self._open_file(rel)
+        return self.read_with_mode(rel, limit)[0]
+
+    def read_with_mode(self, rel: str, limit: int = MAX_FILE_BYTES) -> Tuple[bytes, int]:
+        """(the bytes of the regular file ``rel``, its st_mode), for a reader that quotes what it read
+        only from a file every user may read (see excerpt)."""
+        fd, mode = self._open_file(rel)
         try:
-            return _read_regular(fd, limit)
+            return _read_regular(fd, limit, mode)
         finally:
             os.close(fd)
 
@@ -106,6 +128,7 @@ class Root:
         if self._root_fd is None:
             return os.listdir(self.prefix + rel)
         if self._kernel_resolves:
+            # O_DIRECTORY: the kernel refuses anything but a directory before opening it.
             fd = open_in_root(self._root_fd, rel, _DIR_FLAGS & ~os.O_NOFOLLOW)  # type: ignore[arg-type]
             try:
                 return os.listdir(fd)
@@ -125,14 +148,22 @@ class Root:
             return False
         return True
 
-    def _open_file(self, rel: str) -> int:
+    def _open_file(self, rel: str) -> Tuple[int, Optional[int]]:
+        """(an fd of ``rel`` open for reading, its st_mode where it is known already)."""
         if self._root_fd is None:
-            return os.open(self.prefix + rel, _READ_FLAGS)
+            return os.open(self.prefix + rel, _READ_FLAGS), None
         if not self._kernel_resolves:
-            return self._lookup(rel, want_directory=False)
-        # Opened before its type is known (read() refuses all but a regular file): O_NONBLOCK keeps a FIFO
-        # from blocking, a socket fails to open, and a device node in the tree takes CAP_MKNOD to make.
-        return open_in_root(self._root_fd, rel, _READ_FLAGS)  # type: ignore[arg-type]
+            return self._lookup(rel, want_directory=False), None
+        # An O_PATH fd opens nothing (a device's driver is not called, a FIFO's writer not woken): only
+        # once it is known to be a regular file is that same object opened for reading, through procfs,
+        # so a file renamed over it meanwhile is never the one opened.
+        path_fd = open_in_root(self._root_fd, rel, _PATH_FLAGS)  # type: ignore[arg-type]
+        try:
+            mode = os.fstat(path_fd).st_mode
+            _check_regular(mode)
+            return os.open(str(path_fd), _READ_FLAGS, dir_fd=self._own_fds), mode
+        finally:
+            os.close(path_fd)
 
     def _lookup(self, rel: str, want_directory: Optional[bool]) -> int:
         """An fd for ``rel`` resolved inside the root: a cached directory's (``want_directory``),
@@ -184,6 +215,14 @@ def _components(path: str) -> List[str]:
     return [name for name in reversed(path.split("/")) if name not in ("", ".")]
 
 
+def _open_own_fds() -> Optional[int]:
+    """A directory fd of /proc/self/fd, or None where procfs is not mounted."""
+    try:
+        return os.open(_OWN_FDS, _DIR_FLAGS)
+    except OSError:
+        return None
+
+
 def _check_regular(mode: int) -> None:
     # A FIFO would block and a device would be driven by opening it; sysfs and procfs
     # attributes are all regular files.
@@ -191,8 +230,11 @@ def _check_regular(mode: int) -> None:
         raise OSError(errno.EINVAL, "not a regular file (file type %o)" % stat.S_IFMT(mode))
 
 
-def _read_regular(fd: int, limit: int) -> bytes:
-    _check_regular(os.fstat(fd).st_mode)
+def _read_regular(fd: int, limit: int, mode: Optional[int]) -> Tuple[bytes, int]:
+    """(what the file holds, its st_mode); ``mode`` when the type of the very object was checked already."""
+    if mode is None:
+        mode = os.fstat(fd).st_mode
+        _check_regular(mode)
     chunks = []
     size = 0
     chunk = os.read(fd, 65536)
@@ -202,7 +244,26 @@ def _read_regular(fd: int, limit: int) -> bytes:
         if size > limit:
             raise OSError(errno.EFBIG, "larger than %d bytes, which no kernel file is" % limit)
         chunk = os.read(fd, 65536)
-    return b"".join(chunks)
+    return b"".join(chunks), mode
+
+
+def excerpt(text: str, world_readable: bool = True) -> str:
+    """File content as a warning quotes it: at most EXCERPT_CHARS characters, quoted, each one outside
+    printable ASCII escaped (a newline, a terminal escape, a look-alike letter), so one short line.
+    Nothing of a file that is not ``world_readable``: root reading a planted hard link to a root-only
+    file would otherwise publish its first bytes with the facts."""
+    if not world_readable:
+        return "(content not shown: the file is not world-readable)"
+    quoted = ascii(text[:EXCERPT_CHARS])
+    return quoted if len(text) <= EXCERPT_CHARS else "%s... (%d characters)" % (quoted, len(text))
+
+
+def printable(text: str) -> str:
+    """``text`` with every character outside printable ASCII escaped as in excerpt: a warning naming a
+    path of the tree (a directory name may hold a newline) stays one line of plain text."""
+    if text.isascii() and text.isprintable():
+        return text
+    return "".join(char if " " <= char <= "~" else ascii(char)[1:-1] for char in text)
 
 
 def parse_integer(text: str) -> Optional[int]:

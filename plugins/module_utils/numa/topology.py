@@ -7,10 +7,14 @@ files other modules read too (the node directory, ``/proc/self/status``) go
 through kernel_files.py, and GPU vendors come from gpu_vendors.py's table.
 
 ``read()`` never raises for what it finds: missing, empty or garbage files
-become entries in ``warnings`` and the value is left out (null/empty). Only a
-``root`` that is not a directory is an error. Under a root other than ``/`` every
-path stays inside the root (kernel_files.Root), and every number and list is
-bounded by what a kernel can print. The result is a plain JSON-able
+become entries in ``warnings`` and the value is left out (null/empty); a value that
+contradicts the rest of the topology (a device's node that is not one, a GPU memory
+node with CPUs) is warned and the next source is asked. A warning is one line of
+printable ASCII naming the file and the problem, and quotes at most a short excerpt
+of what the file holds (kernel_files.excerpt). Only a ``root`` that is not a
+directory is an error. Under a root other than ``/`` every path stays inside the
+root (kernel_files.Root), and every number and list is bounded by what a kernel
+can print. The result is a plain JSON-able
 dict whose shape is the ``numa_facts`` contract (schema_version 1, see
 docs/facts.md).
 
@@ -22,11 +26,12 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
 from .errors import NumaError
 from .gpu_vendors import index_facts, vendor_name
-from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, numbered, parse_integer, parse_status
+from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, parse_integer, parse_status, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -59,6 +64,8 @@ _KB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024 * 1024}
 _MAX_DISTANCE = 255
 # /proc/mounts lists every mount of the namespace: a container host has thousands.
 _MAX_MOUNTS_BYTES = 16 * MAX_FILE_BYTES
+_STATUS = "proc/self/status"
+_THP_ENABLED = "sys/kernel/mm/transparent_hugepage/enabled"
 
 
 class _Reader:
@@ -72,6 +79,8 @@ class _Reader:
         # Bounds of every CPU and node number read, once the possible ones are known.
         self.cpu_limit = MAX_CPUS
         self.node_limit = MAX_NODES
+        # The files read that not every user may read: no warning quotes them (see quote()).
+        self._private = set()  # type: Set[str]
 
     def exists(self, rel: str) -> bool:
         return self.tree.exists(rel)
@@ -86,11 +95,17 @@ class _Reader:
     def text(self, rel: str, required: bool = True, limit: int = MAX_FILE_BYTES) -> Optional[str]:
         """File content stripped of whitespace and NULs; None when unreadable."""
         try:
-            data = self.tree.read(rel, limit)
+            data, mode = self.tree.read_with_mode(rel, limit)
         except OSError as exc:
             self._unreadable(rel, exc, required)
             return None
+        if not mode & stat.S_IROTH:
+            self._private.add(rel)
         return data.replace(b"\x00", b"").decode("utf-8", "replace").strip()
+
+    def quote(self, rel: str, content: str) -> str:
+        """What a warning may show of ``content``, read from ``rel``."""
+        return excerpt(content, world_readable=rel not in self._private)
 
     def integer(self, rel: str, required: bool = True) -> Optional[int]:
         raw = self.text(rel, required)
@@ -98,7 +113,7 @@ class _Reader:
             return None
         number = parse_integer(raw)
         if number is None:
-            self.warn("%s: expected an integer, found %r" % (rel, raw[:40]))
+            self.warn("%s: expected an integer, found %s" % (rel, self.quote(rel, raw)))
         return number
 
     def cpus(self, rel: str, required: bool = True, limit: Optional[int] = None) -> Optional[List[int]]:
@@ -107,10 +122,14 @@ class _Reader:
         raw = self.text(rel, required)
         if raw is None:
             return None
+        return self.parse_list(rel, raw, limit or self.cpu_limit)
+
+    def parse_list(self, rel: str, raw: str, limit: int) -> Optional[List[int]]:
+        """``raw``, read from ``rel``, as a CPU or node list of numbers below ``limit``; None when it is none."""
         try:
-            return parse_cpulist(raw, limit or self.cpu_limit)
-        except NumaError as exc:
-            self.warn("%s: not a CPU/node list (%s)" % (rel, exc))
+            return parse_cpulist(raw, limit)
+        except NumaError:  # its message quotes the text whole: the warning quotes an excerpt instead
+            self.warn("%s: not a CPU/node list of numbers below %d: %s" % (rel, limit, self.quote(rel, raw)))
             return None
 
     def nodes(self, rel: str) -> Optional[List[int]]:
@@ -123,7 +142,8 @@ class _Reader:
             self.warn("%s: cannot read (%s)" % (rel, exc.strerror or exc))
 
     def warn(self, message: str) -> None:
-        self.warnings.append(message)
+        # The paths a warning names hold names from the tree, which may hold any character but "/".
+        self.warnings.append(printable(message))
 
 
 def read(root: str = "/", plan_only: bool = False) -> Dict[str, Any]:
@@ -153,9 +173,9 @@ def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
     nodes = _read_nodes(reader, online, system_meminfo)
     _attach_packages(nodes, cpus["_package_of"])
     pci = _read_pci(reader, nodes)
-    node_ids = {node["id"] for node in nodes}
+    nodes_by_id = {node["id"]: node for node in nodes}
     for gpu in pci["gpus"]:
-        gpu["memory_node"] = _gpu_memory_node(reader, gpu, node_ids)
+        gpu["memory_node"] = _gpu_memory_node(reader, gpu, nodes_by_id)
     for node in nodes:
         node["gpus"] = [gpu["address"] for gpu in pci["gpus"] if gpu["numa_node"] == node["id"]]
         node["gpu_memory_of"] = [gpu["address"] for gpu in pci["gpus"] if gpu["memory_node"] == node["id"]]
@@ -239,7 +259,8 @@ def _cpu_is_online(reader: _Reader, cpu: int) -> bool:
     if not state:
         return True
     if state not in ("0", "1"):
-        reader.warn("%s/cpu%d/online: expected 0 or 1, found %r; counted as online" % (CPU_DIR, cpu, state[:20]))
+        rel = "%s/cpu%d/online" % (CPU_DIR, cpu)
+        reader.warn("%s: expected 0 or 1, found %s; counted as online" % (rel, reader.quote(rel, state)))
     return state != "0"
 
 
@@ -299,7 +320,7 @@ def _cache_size_kb(reader: _Reader, index_dir: str) -> Optional[int]:
     digits = _leading_digits(raw)
     number = parse_integer(digits) if digits else None
     if number is None:
-        reader.warn("%s/size: unrecognised cache size %r" % (index_dir, raw[:20]))
+        reader.warn("%s/size: unrecognised cache size %s" % (index_dir, reader.quote(index_dir + "/size", raw)))
         return None
     unit = raw[len(digits):].lstrip()[:1]  # "32K", "1024 K" or bytes
     return number * _KB_PER_UNIT[unit] if unit in _KB_PER_UNIT else number // 1024
@@ -352,34 +373,38 @@ def _read_allowed(reader: _Reader) -> Tuple[str, str]:
     Falls back to the cpuset the process sits in when status has no such lines
     (old kernels, and captures that kept only the cgroup tree).
     """
-    fields = parse_status(reader.text("proc/self/status", required=False) or "")
-    cpus = fields.get("Cpus_allowed_list")
-    mems = fields.get("Mems_allowed_list")
+    fields = parse_status(reader.text(_STATUS, required=False) or "")
+    cpus = _status_field(fields, "Cpus_allowed_list")
+    mems = _status_field(fields, "Mems_allowed_list")
     if cpus is None or mems is None:
         fallback_cpus, fallback_mems = _cpuset_limits(reader)
-        cpus = cpus if cpus is not None else fallback_cpus
-        mems = mems if mems is not None else fallback_mems
-    return (_normalised_list(reader, "proc/self/status", cpus, reader.cpu_limit),
-            _normalised_list(reader, "proc/self/status", mems, reader.node_limit))
+        cpus = cpus or fallback_cpus
+        mems = mems or fallback_mems
+    return _normalised_list(reader, cpus, reader.cpu_limit), _normalised_list(reader, mems, reader.node_limit)
 
 
-def _normalised_list(reader: _Reader, source: str, raw: Optional[str], limit: int) -> str:
-    if raw is None or not raw.strip():
+def _status_field(fields: Dict[str, str], name: str) -> Optional[Tuple[str, str]]:
+    """(the value of the status line ``name``, the file it came from); None without the line."""
+    return (fields[name], _STATUS) if name in fields else None
+
+
+def _normalised_list(reader: _Reader, sourced: Optional[Tuple[str, str]], limit: int) -> str:
+    """A list (value, the file it came from) as format_cpulist prints it; "" when absent, blank or garbage."""
+    if sourced is None or not sourced[0].strip():
         return ""
-    try:
-        return format_cpulist(parse_cpulist(raw.strip(), limit))
-    except NumaError as exc:
-        reader.warn("%s: not a CPU/node list (%s)" % (source, exc))
-        return ""
+    values = reader.parse_list(sourced[1], sourced[0].strip(), limit)
+    return format_cpulist(values) if values is not None else ""
 
 
-def _cpuset_limits(reader: _Reader) -> Tuple[Optional[str], Optional[str]]:
-    path = reader.text("proc/self/cpuset", required=False)
+def _cpuset_limits(reader: _Reader) -> Tuple[Optional[Tuple[str, str]], Optional[Tuple[str, str]]]:
+    """The CPUs and the nodes of the cpuset the process sits in, each with the file it came from."""
+    rel = "proc/self/cpuset"
+    path = reader.text(rel, required=False)
     if not path:
         return None, None
     if not path.startswith("/") or "/../" in path + "/":
         # The kernel prints the cgroup's absolute path, which never climbs.
-        reader.warn("proc/self/cpuset: %r is not a cgroup path; cpuset unknown" % path[:40])
+        reader.warn("%s: %s is not a cgroup path; cpuset unknown" % (rel, reader.quote(rel, path)))
         return None, None
     for mount in _cpuset_mounts(reader):
         directory = os.path.join(mount, path.lstrip("/"))
@@ -402,11 +427,13 @@ def _cpuset_mounts(reader: _Reader) -> List[str]:
     return mounts or ["dev/cpuset", "sys/fs/cgroup/cpuset", "sys/fs/cgroup"]
 
 
-def _first_text(reader: _Reader, directory: str, names: Iterable[str]) -> Optional[str]:
+def _first_text(reader: _Reader, directory: str, names: Iterable[str]) -> Optional[Tuple[str, str]]:
+    """(the content of the first file of ``names`` in ``directory`` that can be read, its path)."""
     for name in names:
-        value = reader.text(os.path.join(directory, name), required=False)
+        rel = os.path.join(directory, name)
+        value = reader.text(rel, required=False)
         if value is not None:
-            return value
+            return value, rel
     return None
 
 
@@ -560,7 +587,7 @@ def _parse_cpumap(reader: _Reader, rel: str) -> Optional[List[int]]:
         return None
     words = raw.split(",")[::-1] if raw else []  # least significant first
     if any(not 0 < len(word) <= 8 or word.strip(_HEX_DIGITS) for word in words):
-        reader.warn("%s: not a hex CPU mask: %r" % (rel, raw[:40]))
+        reader.warn("%s: not a hex CPU mask: %s" % (rel, reader.quote(rel, raw)))
         return []
     cpus = []
     for index, word in enumerate(words):
@@ -613,7 +640,8 @@ def _read_distances(reader: _Reader, base: str, keys: List[str]) -> Dict[str, in
     # A distance is at most 3 digits: checked as text, so 64 nodes' 4096 numbers cost one int() each.
     values = [int(word) if 0 < len(word) <= 3 and not word.strip(_DIGITS) else -1 for word in words]
     if any(not 0 <= value <= _MAX_DISTANCE for value in values):
-        reader.warn("%s/distance: not a list of distances 0-%d: %r" % (base, _MAX_DISTANCE, raw[:40]))
+        reader.warn("%s/distance: not a list of distances 0-%d: %s"
+                    % (base, _MAX_DISTANCE, reader.quote(base + "/distance", raw)))
         return {}
     if len(values) != len(keys):
         reader.warn("%s/distance: %d values for %d nodes; distances ignored" % (base, len(values), len(keys)))
@@ -699,16 +727,14 @@ def _device_kind(device_class: int, vendor: Optional[str]) -> Optional[str]:
 
 def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
                 nodes: List[Dict[str, Any]]) -> Dict[str, Any]:
-    vendor = (reader.text(base + "/vendor", required=False) or "").lower()
-    local_cpus = reader.cpus(base + "/local_cpulist", required=False)
-    if local_cpus is None and reader.exists(base + "/local_cpus"):
-        local_cpus = _parse_cpumap(reader, base + "/local_cpus")
-    numa_node, locality = _pci_node(reader, base, local_cpus, nodes)
+    vendor = _pci_id(reader, base + "/vendor")
+    local_cpus, cpus_source = _local_cpus(reader, base)
+    numa_node, locality = _pci_node(reader, base, local_cpus, cpus_source, nodes)
     return {
         "address": address,
-        "vendor_id": vendor or None,
+        "vendor_id": vendor,
         "vendor": vendor_name(vendor),
-        "device_id": (reader.text(base + "/device", required=False) or "").lower() or None,
+        "device_id": _pci_id(reader, base + "/device"),
         "class": "0x%06x" % device_class,
         "numa_node": numa_node,
         "locality": locality,
@@ -716,26 +742,60 @@ def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
     }
 
 
-def _pci_node(reader: _Reader, base: str, local_cpus: Optional[List[int]],
+def _pci_id(reader: _Reader, rel: str) -> Optional[str]:
+    """A PCI vendor or device id as sysfs prints it ("0x10de"), in lower case; None when absent or
+    anything else (the facts carry the id, never what else a file holds)."""
+    raw = reader.text(rel, required=False)
+    if not raw:
+        return None
+    if len(raw) == 6 and raw[:2] == "0x" and not raw[2:].strip(_HEX_DIGITS):
+        return raw.lower()
+    reader.warn("%s: not a PCI id (0x and 4 hex digits): %s" % (rel, reader.quote(rel, raw)))
+    return None
+
+
+def _local_cpus(reader: _Reader, base: str) -> Tuple[Optional[List[int]], str]:
+    """(the device's local CPUs, the file that listed them): ``local_cpulist``, else the ``local_cpus``
+    mask (all that old kernels and some firmware give); None for the CPUs when neither is readable."""
+    cpus = reader.cpus(base + "/local_cpulist", required=False)
+    if cpus is not None:
+        return cpus, "local_cpulist"
+    return _parse_cpumap(reader, base + "/local_cpus"), "local_cpus"
+
+
+def _pci_node(reader: _Reader, base: str, local_cpus: Optional[List[int]], cpus_source: str,
               nodes: List[Dict[str, Any]]) -> Tuple[Optional[int], Optional[str]]:
-    """(the device's node, the file that told it): ``numa_node``, else the one node its local
-    CPUs (``local_cpulist``, else the ``local_cpus`` mask) fall on; (None, None) when neither says."""
-    numa_node = reader.integer(base + "/numa_node", required=False)
-    if numa_node is not None and numa_node >= reader.node_limit:
-        reader.warn("%s/numa_node: %d is past the last possible node, %d" % (base, numa_node, reader.node_limit - 1))
-        numa_node = None
-    if numa_node is not None and numa_node >= 0:
+    """(the device's node, the file that told it): ``numa_node`` when it names a node of the topology,
+    else the one node its local CPUs fall on (``cpus_source`` listed them); (None, None) when neither says."""
+    numa_node = _named_node(reader, base + "/numa_node", nodes)
+    if numa_node is not None:
         return numa_node, "numa_node"
     numa_node = _node_from_cpus(local_cpus, nodes)
-    if numa_node is None:
-        return None, None
-    return numa_node, "local_cpulist" if reader.exists(base + "/local_cpulist") else "local_cpus"
+    return (numa_node, cpus_source) if numa_node is not None else (None, None)
 
 
-def _gpu_memory_node(reader: _Reader, gpu: Dict[str, Any], node_ids: Set[int]) -> Optional[int]:
+def _named_node(reader: _Reader, rel: str, nodes: List[Dict[str, Any]]) -> Optional[int]:
+    """The node a device's ``numa_node`` names; None for -1 (the kernel knows none) and, warned, for a
+    node the topology does not have: the device's local CPUs are asked instead."""
+    numa_node = reader.integer(rel, required=False)
+    if numa_node is None or numa_node < 0:
+        return None
+    if numa_node >= reader.node_limit:
+        reader.warn("%s: %d is past the last possible node, %d; the device's node is taken from its local CPUs"
+                    % (rel, numa_node, reader.node_limit - 1))
+        return None
+    if all(node["id"] != numa_node for node in nodes):
+        reader.warn("%s: names node %d, which is not among the topology's nodes (%s); the device's node is "
+                    "taken from its local CPUs" % (rel, numa_node, format_cpulist(node["id"] for node in nodes)))
+        return None
+    return numa_node
+
+
+def _gpu_memory_node(reader: _Reader, gpu: Dict[str, Any], nodes_by_id: Dict[int, Dict[str, Any]]) -> Optional[int]:
     """The node holding the GPU's own memory, where the driver onlines it as system memory
     (GH200/GB200 HBM, POWER9 NVLink GPUs): NVIDIA's ``numa_status`` says ``Node: N`` and
-    ``Status: online``."""
+    ``Status: online``. That node has no CPUs: a numa_status naming a node the topology lacks, or one
+    with CPUs, is warned and names none."""
     if gpu["vendor"] != "nvidia":
         return None
     rel = "%s/%s/numa_status" % (NVIDIA_GPUS_DIR, gpu["address"])
@@ -743,8 +803,12 @@ def _gpu_memory_node(reader: _Reader, gpu: Dict[str, Any], node_ids: Set[int]) -
     node = parse_integer(fields.get("Node", ""))
     if node is None or node < 0 or fields.get("Status") != "online":
         return None
-    if node not in node_ids:
+    if node not in nodes_by_id:
         reader.warn("%s: names node %d, which the topology does not list; GPU memory node unknown" % (rel, node))
+        return None
+    if nodes_by_id[node]["has_cpus"]:
+        reader.warn("%s: names node %d, which has CPUs (%s), while the driver onlines a GPU's memory as a node "
+                    "without CPUs; GPU memory node unknown" % (rel, node, nodes_by_id[node]["cpulist"]))
         return None
     return node
 
@@ -769,13 +833,23 @@ def _device_name(reader: _Reader, base: str, subdir: str) -> Optional[str]:
 def _read_kernel_knobs(reader: _Reader) -> Dict[str, Any]:
     if reader.plan_only:
         return {"weighted_interleave": _read_interleave_weights(reader)}
-    thp = reader.text("sys/kernel/mm/transparent_hugepage/enabled", required=False)
     return {
         "numa_balancing": reader.integer("proc/sys/kernel/numa_balancing", required=False),
         "zone_reclaim_mode": reader.integer("proc/sys/vm/zone_reclaim_mode", required=False),
-        "transparent_hugepage": _marked_choice(thp or "") or thp or None,
+        "transparent_hugepage": _thp_mode(reader),
         "weighted_interleave": _read_interleave_weights(reader),
     }
+
+
+def _thp_mode(reader: _Reader) -> Optional[str]:
+    """The transparent hugepage mode the kernel marks ("madvise"); None when absent or unmarked."""
+    text = reader.text(_THP_ENABLED, required=False)
+    if not text:
+        return None
+    choice = _marked_choice(text)
+    if choice is None:
+        reader.warn("%s: no [mode] marked: %s" % (_THP_ENABLED, reader.quote(_THP_ENABLED, text)))
+    return choice
 
 
 def _marked_choice(text: str) -> Optional[str]:
