@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 from tests.unit import topo_factory as tf
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import (
-    PlacementError, Request, parse_headroom, plan)
+    PlacementError, plan)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.request import Request, parse_headroom
 
 GIB = tf.GIB
 NODE0 = list(range(0, 40)) + list(range(80, 120))

@@ -26,21 +26,19 @@ exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` an
 """
 from __future__ import annotations
 
-from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
+from .cpulist import format_cpulist, parse_cpulist
 from .engines import recipe
 from .errors import NumaError
 from .gpu_vendors import visibility_env
 from .kernel_files import is_kernel_number
-from .request import CHOICES, DEFAULTS, OPTIONS, PLANNER
-from .sizes import MAX_BYTES, decimal_digits, format_size, parse_size, shown
+from .request import Request, copied
+from .sizes import format_size, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from fractions import Fraction
     from typing import Any, Dict, List, Optional, Tuple, Union
 
-__all__ = ["PlacementError", "Request", "Plan", "plan", "plan_instances", "parse_size", "parse_cpulist",
-           "format_cpulist", "parse_headroom"]
+__all__ = ["PlacementError", "Plan", "plan", "plan_instances"]
 
 # What the kernel assumes between two nodes when firmware gives no SLIT.
 REMOTE_DISTANCE = 20
@@ -49,21 +47,10 @@ LOCAL_DISTANCE = 10
 MEMORY_FIFTHS = 3
 SPREAD_FIFTHS = 2
 
-# Every number a request holds is bounded before anything loops over it or multiplies it: instances
-# by MAX_CPUS (an instance needs a CPU), node ids by MAX_NODES, as the kernel bounds them (cpulist.py).
-MAX_PORT = 65535
-# GPUs per instance: far beyond any host (the planner then names how many this one has).
-MAX_GPUS = 1024
-
-# Compiled only for GPUs given by address, the one request that needs a regex.
-_PCI_ADDRESS = r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$"
-
 
 class PlacementError(NumaError):
     """The request cannot be placed on this topology; the message names sizes, nodes and the fix."""
 
-
-# ---------------------------------------------------------------- request ---
 
 class _Record:
     """A plain record: built from keyword arguments for exactly its ``__slots__``.
@@ -78,279 +65,6 @@ class _Record:
             raise TypeError("%s() takes exactly the fields %s" % (type(self).__name__, ", ".join(self.__slots__)))
         for name, value in fields.items():
             setattr(self, name, value)
-
-
-def _copied(value: Any) -> Any:
-    """A copy of JSON-like data (as dataclasses.asdict made): the caller may change it."""
-    if isinstance(value, list):
-        return [_copied(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _copied(item) for key, item in value.items()}
-    return value
-
-
-class Request:
-    """What the caller wants. Loose inputs (strings from a CLI, None from Ansible) are
-    normalised and checked on construction; a bad value raises NumaError naming it.
-
-    gpus: "auto" (instance i gets the i-th GPU in PCI order, round-robin), "none",
-    a count N (instance i gets GPUs i*N .. i*N+N-1) or a list of PCI addresses.
-    model_size: bytes (or a size string such as "14G"); None skips the fit check.
-    memory_headroom: added to model_size: "P%" of the model, a size, or a sum of
-    both ("10%+1G"; "2G"; "0").
-    reserve_cpus: a cpu list string or cpu numbers; None reserves none.
-    Every number is bounded (MAX_CPUS, MAX_NODES, MAX_PORT, MAX_GPUS, sizes.MAX_BYTES) before
-    the planner loops over or multiplies it; plan() then holds instances to the host's usable CPUs.
-    Fields, defaults and choices are request.py's, the table every interface is built from.
-    """
-
-    # The planner's options in the table's order: the keyword arguments, attributes and to_dict() keys.
-    FIELDS = tuple(option.name for option in OPTIONS if option.stage == PLANNER)
-
-    node: Optional[int]
-    gpus: Union[str, int, List[str]]
-    model_size: Optional[int]
-    memory_headroom: str
-    smt: bool
-    reserve_cpus: List[int]
-    scope: str
-    instances: int
-    instance: int
-    policy: str
-    on_unfit: str
-    port_base: Optional[int]
-    anchors: Optional[List[int]]
-    engine: str
-
-    def __init__(self, **options: Any) -> None:
-        unknown = sorted(set(options) - set(self.FIELDS))
-        if unknown:
-            raise TypeError("Request() got unexpected keyword argument(s) %s" % ", ".join(unknown))
-        for name in self.FIELDS:
-            setattr(self, name, options.get(name, DEFAULTS[name]))
-        self.node = None if self.node is None else _int("node", self.node, 0, MAX_NODES - 1)
-        self.gpus = _gpu_selection(self.gpus)
-        self.model_size = None if self.model_size is None else _size("model_size", self.model_size)
-        self.memory_headroom = _headroom_text(self.memory_headroom)
-        _check_required_bytes(self)
-        self.smt = _boolean("smt", self.smt)
-        self.reserve_cpus = [] if self.reserve_cpus is None else _cpu_ids("reserve_cpus", self.reserve_cpus)
-        self.scope = _choice("scope", self.scope, CHOICES["scope"])
-        self.instances = _int("instances", self.instances, 1, MAX_CPUS)
-        self.instance = _int("instance", self.instance, 0, MAX_CPUS - 1)
-        if self.instance >= self.instances:
-            raise NumaError("instance %d is out of range for instances=%d: instances are numbered "
-                            "0..%d" % (self.instance, self.instances, self.instances - 1))
-        self.policy = _choice("policy", self.policy, CHOICES["policy"])
-        self.on_unfit = _choice("on_unfit", self.on_unfit, CHOICES["on_unfit"])
-        self.engine = _choice("engine", self.engine, CHOICES["engine"])
-        self.port_base = _port_base(self.port_base, self.instances)
-        self.anchors = _anchors(self.anchors, self.instances, self.node)
-
-    @classmethod
-    def from_options(cls, options: Dict[str, Any]) -> "Request":
-        """Build from a dict of option names to values; None means "use the default"."""
-        unknown = sorted(set(options) - set(cls.FIELDS))
-        if unknown:
-            raise NumaError("unknown placement option(s) %s: valid options are %s"
-                            % (", ".join(unknown), ", ".join(cls.FIELDS)))
-        return cls(**{name: value for name, value in options.items() if value is not None})
-
-    def headroom_bytes(self) -> Optional[int]:
-        """Bytes added to model_size, or None when the model size is unknown."""
-        if self.model_size is None:
-            return None
-        percent, fixed = parse_headroom(self.memory_headroom)
-        return -(-self.model_size * percent // 100) + fixed  # the percentage rounded up, exactly
-
-    def required_bytes(self) -> Optional[int]:
-        """model_size + headroom, or None when the model size is unknown."""
-        if self.model_size is None:
-            return None
-        return self.model_size + self.headroom_bytes()
-
-    def to_dict(self) -> Dict[str, Any]:
-        return {name: _copied(getattr(self, name)) for name in self.FIELDS}
-
-
-def parse_headroom(text: str) -> Tuple[Union[int, Fraction], int]:
-    """``"10%+1G"`` -> (10, 1073741824): percent of the model, fixed bytes.
-
-    The percentage is exact: an int, or a Fraction when it has decimals ("12.5%"; only
-    then is fractions imported).
-    """
-    if not isinstance(text, str) or not text.strip():
-        raise NumaError("memory_headroom %s is not a size: write e.g. '10%%+1G', '2G' or '0'" % shown(text))
-    percent = 0  # type: Union[int, Fraction]
-    fixed = 0
-    for term in text.split("+"):
-        term = term.strip()
-        number = decimal_digits(term[:-1].rstrip()) if term.endswith("%") else None
-        if number is not None:
-            percent += _exact(*number)
-            continue
-        try:
-            fixed += parse_size(term)
-        except NumaError:
-            raise NumaError("cannot read memory_headroom %s: term %s is neither a percentage "
-                            "nor a size; write e.g. '10%%+1G', '2G' or '0'" % (shown(text), shown(term)))
-    return percent, fixed
-
-
-def _exact(digits: int, decimals: int) -> Union[int, Fraction]:
-    """The number ``digits`` / 10**``decimals``: an int when whole, else a Fraction."""
-    if not decimals:
-        return digits
-    from fractions import Fraction
-
-    return Fraction(digits, 10 ** decimals)
-
-
-def _headroom_text(value: Union[str, int]) -> str:
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = str(parse_size(value))
-    parse_headroom(value)
-    return value.strip()
-
-
-def _check_required_bytes(request: Request) -> None:
-    required = request.required_bytes()
-    if required is not None and required >= MAX_BYTES:
-        raise NumaError("model_size %s plus memory_headroom %s needs 16 EiB or more, beyond what a 64-bit "
-                        "machine addresses: give the model's real size and a headroom like '10%%+1G'"
-                        % (format_size(request.model_size), shown(request.memory_headroom)))
-
-
-def _int(name: str, value: Any, minimum: int, maximum: int) -> int:
-    number = _integer(value)
-    if number is None:
-        raise NumaError("%s must be an integer, got %s" % (name, shown(value)))
-    if number < minimum:
-        raise NumaError("%s must be %d or more, got %s" % (name, minimum, shown(value)))
-    if number > maximum:
-        raise NumaError("%s must be at most %d, got %s" % (name, maximum, shown(value)))
-    return number
-
-
-def _integer(value: Any) -> Optional[int]:
-    """An int, or the int a text of digits spells (see _is_integer); None for anything else.
-
-    A text of more than 20 digits reads as 2**64 (with its sign): past every bound here, and int()
-    refuses texts past ~4300 digits.
-    """
-    if isinstance(value, str) and _is_integer(value):
-        text = value.strip()
-        if len(text.lstrip("-").lstrip("0")) > 20:
-            return -(1 << 64) if text.startswith("-") else 1 << 64
-        return int(text)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _is_integer(text: str) -> bool:
-    """An optional minus and decimal digits, spaces around allowed: what int() reads, bar "+" and "_"."""
-    digits = text.strip()
-    return digits[1:].isdecimal() if digits.startswith("-") else digits.isdecimal()
-
-
-def _size(name: str, value: Any) -> int:
-    try:
-        return parse_size(value)
-    except NumaError as error:
-        raise NumaError("%s: %s" % (name, error))
-
-
-def _boolean(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise NumaError("%s must be true or false, got %s" % (name, shown(value)))
-    return value
-
-
-def _choice(name: str, value: Any, choices: Tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise NumaError("unknown %s %s: choose one of %s" % (name, shown(value), ", ".join(choices)))
-    return value
-
-
-def _cpu_ids(name: str, value: Any) -> List[int]:
-    if isinstance(value, str):
-        try:
-            return parse_cpulist(value, MAX_CPUS)
-        except NumaError as error:
-            raise NumaError("%s: %s" % (name, error))
-    if not isinstance(value, (list, tuple)):
-        raise NumaError("%s must be a cpu list like '0-1' or a list of cpu numbers, got %s" % (name, shown(value)))
-    return sorted(set(_int(name, item, 0, MAX_CPUS - 1) for item in value))
-
-
-def _port_base(value: Any, instances: int) -> Optional[int]:
-    if value is None:
-        return None
-    port = _int("port_base", value, 1, MAX_PORT)
-    if port + instances - 1 > MAX_PORT:
-        raise NumaError("port_base %d + %d instances runs past port 65535: pick a port_base of "
-                        "at most %d" % (port, instances, 65536 - instances))
-    return port
-
-
-def _anchors(value: Any, instances: int, node: Optional[int]) -> Optional[List[int]]:
-    """The anchor node of every instance, fixed by a deployment that planned them all at once."""
-    if value is None or value == "":
-        return None
-    # Order and repeats matter (instance i -> anchors[i]), so this is no cpulist.
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)):
-        raise NumaError("anchors must be node ids in instance order like '0,1', got %s" % shown(value))
-    # Counted before any entry is read: a hostile list costs nothing.
-    if len(items) != instances:
-        raise NumaError("anchors %s name %d node(s) for %d instance(s): give one node per instance, in "
-                        "instance order" % (shown(value), len(items), instances))
-    anchors = [_int("anchors entry", item, 0, MAX_NODES - 1) for item in items]
-    if node is not None:
-        raise NumaError("node and anchors both given: anchors already fix each instance's node; drop one")
-    return anchors
-
-
-def _gpu_selection(value: Any) -> Union[str, int, List[str]]:
-    """Normalise gpus to "auto", "none", a positive count or a list of full PCI addresses."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text in ("auto", "none"):
-            return text
-        value = text if _is_integer(text) else text.split(",")
-    if _integer(value) is not None:
-        return _int("gpus count", value, 0, MAX_GPUS) or "none"
-    if isinstance(value, (list, tuple)):
-        return _gpu_addresses(value) or "none"
-    raise NumaError("gpus must be 'auto', 'none', a count or a list of PCI addresses, got %s" % shown(value))
-
-
-def _gpu_addresses(items: Union[List[Any], Tuple[Any, ...]]) -> List[str]:
-    """Full PCI addresses in the order given; an empty entry or a GPU named twice is a mistake, not a no-op."""
-    addresses = []
-    seen = set()
-    for position, item in enumerate(items, 1):
-        if isinstance(item, str) and not item.strip():
-            raise NumaError("gpus entry %d of %d is empty: separate PCI addresses by single commas, like "
-                            "0000:81:00.0,0000:c1:00.0, or write none" % (position, len(items)))
-        address = _pci_address(item)
-        if address in seen:
-            raise NumaError("gpus names GPU %s twice: list each GPU once" % address)
-        seen.add(address)
-        addresses.append(address)
-    return addresses
-
-
-def _pci_address(item: Any) -> str:
-    import re
-
-    match = re.match(_PCI_ADDRESS, item.strip().lower()) if isinstance(item, str) else None
-    if not match:
-        raise NumaError("gpus: %s is not a PCI address; write it like 0000:81:00.0 (as lspci -D shows)"
-                        % shown(item))
-    domain = match.group(1) or "0000"
-    return "%s:%s:%s.%s" % (domain, match.group(2), match.group(3), match.group(4))
 
 
 # ------------------------------------------------------------------- plan ---
@@ -391,7 +105,7 @@ class Plan(_Record):
         return len(self.cpus)
 
     def to_dict(self) -> Dict[str, Any]:
-        result = {name: _copied(getattr(self, name)) for name in self.__slots__}
+        result = {name: copied(getattr(self, name)) for name in self.__slots__}
         result["cpulist"] = self.cpulist
         result["threads"] = self.threads
         return result
