@@ -2,9 +2,9 @@
 # Copyright: inferops.numa contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that write values into systemd units safely, map a Plan to unit settings, and hand a
-placement request to numa-pin (flags) or numa_plan (arguments).
+placement request to numa-pin (flags) or numa_plan (arguments), and build a service's requests.
 
-Thin: the rules live in ``module_utils/numa/systemd.py`` and ``request.py`` (tested there); these
+Thin: the rules live in ``module_utils/numa/systemd.py``, ``request.py`` and ``service_entry.py`` (tested there); these
 wrappers only turn their NumaError into AnsibleFilterError so a bad variable
 fails the task with the message that names the fix.
 """
@@ -18,6 +18,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.inferops.numa.plugins.module_utils.numa import request, systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import conflicting_flags
+from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
 from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import server_command
 
 
@@ -62,6 +63,7 @@ class FilterModule:
             "systemd_version": _filter(systemd.parse_systemd_version),
             "numa_pin_flags": _filter(systemd.request_flags),
             "numa_plan_args": _filter(request.module_args),
+            "numa_service_requests": service_requests,
             "numa_server_command": _filter(_server_command),
             "numa_plan_record": _filter(systemd.plan_record),
             "numa_systemd_settings": _filter(_settings),

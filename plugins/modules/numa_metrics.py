@@ -16,8 +16,9 @@ description:
     that a deployment recorded (C(<plan_dir>/<service>@<i>.plan.json), written by the inference_service role)
     where its pages are against its plan (anon and file), its remote bytes, whether its threads keep to the plan's
     CPUs, the plan's age and drift below its C(min_local_percent).
-  - With O(services) it also plans those inference_service_list entries on the host without deploying them, as the
-    inference_service role would (one instance per node with CPUs, per GPU, or one).
+  - With O(services) it also plans those inference_service_list entries on the host without deploying them, with
+    the function the inference_service role deploys them with (the P(inferops.numa.numa_service_requests#filter)
+    filter), one instance per node with CPUs, per GPU, per group of GPUs, or one.
   - C(playbooks/fleet_report.yml) runs it on every host of an inventory, one module run per host.
 author:
   - inferops.numa contributors (@inferops)
@@ -34,7 +35,8 @@ options:
   services:
     description:
       - Entries of C(inference_service_list) to plan here (C(name), C(layout), C(model_path) or C(model_size),
-        C(gpus), C(policy), ...); other keys are ignored.
+        C(gpus), C(policy), ...), their defaults merged as the role merges them (C(fleet_report.yml) runs the
+        role's C(tasks/entries.yml) for that); other keys are ignored.
     type: list
     elements: dict
     default: []

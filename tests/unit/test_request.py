@@ -20,6 +20,7 @@ import yaml
 from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 from ansible_collections.inferops.numa.plugins.modules import numa_plan
 
@@ -190,10 +191,11 @@ def test_role_entries_get_the_argument_specs_defaults_and_leave_request_defaults
 
 
 def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option():
-    built = _service_task("Build the placement request")["ansible.builtin.set_fact"]["_inference_service_request"]
-    # One Jinja dict (a null survives it on every core); instance is the unit's %i, and the loop item of the
-    # planning task.
-    assert set(re.findall(r"^\s*'(\w+)':", built, re.MULTILINE)) == set(request.BY_NAME) - {"instance"}
+    built = _service_task("Build the placement request of each instance")["ansible.builtin.set_fact"]
+    assert "inferops.numa.numa_service_requests(ansible_facts.numa)" in built["_inference_service_wanted"]
+    # Every option but instance, which is the unit's %i and the loop item of the planning task.
+    wanted = service_requests({"name": "s", "layout": "per_node"}, {"nodes": [{"id": 0, "has_cpus": True}]})
+    assert set(wanted["request"]) == set(request.BY_NAME) - {"instance"}
     planned = _service_task("Plan each instance")["inferops.numa.numa_plan"]
     assert set(planned) - {"record_file"} == set(request.argument_spec())
 
@@ -228,7 +230,8 @@ def test_the_systemd_numa_minimum_is_one_number():
 
 # --- the role's planning tasks, run by Ansible --------------------------------------------------------------
 
-PLANNING_TASKS = ("Count the instances of the layout", "Build the placement request", "Plan each instance")
+PLANNING_TASKS = ("Build the placement request of each instance", "Check the layout fits this host",
+                  "Note the instance count and the request", "Plan each instance")
 PLAN_PLAYBOOK = """\
 - name: Plan each case as the inference_service role does
   hosts: localhost

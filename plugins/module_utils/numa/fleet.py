@@ -1,10 +1,9 @@
 """One host's page of the fleet report: its metrics snapshot, a summary of its topology, and where the
 services it is given (inference_service_list entries) would run, planned without deploying anything.
 
-The entries are the inference_service role's: ``layout`` gives the instances (one per node with CPUs,
-one per GPU, or one), and the request is built as the role's tasks/service.yml builds it (the GPUs a
-layout implies, the model path as the size, per-node anchors), so the report shows the placement a
-deployment would make.
+The entries are the inference_service role's, defaults merged as the role merges them; their requests
+come from service_entry.service_requests, the function the role's tasks call, so the report shows the
+placement a deployment would make.
 """
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -12,11 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from . import audit, metrics
 from .cpulist import format_cpulist
 from .errors import NumaError
-
-LAYOUTS = ("single", "per_node", "per_gpu", "gpu_groups")
-# The role's entry keys that are request options of the same name.
-REQUEST_KEYS = ("node", "memory_headroom", "smt", "reserve_cpus", "scope", "policy", "on_unfit", "page_cache",
-                "replica_dir", "port_base", "engine")
+from .service_entry import service_requests
 
 
 def host_page(root: str = "/", plan_dir: Optional[str] = None, services: Sequence[Mapping[str, Any]] = (),
@@ -51,49 +46,17 @@ def summary(topology: Mapping[str, Any]) -> Dict[str, Any]:
 def plan_service(topology: Mapping[str, Any], entry: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """Each instance's placement for one inference_service_list entry, or one row naming why it has none."""
     name = str(entry.get("name") or "?")
-    layout = entry.get("layout") or "single"
-    if layout not in LAYOUTS:
-        return [_unplanned(name, "layout %r is none of %s" % (layout, ", ".join(LAYOUTS)))]
-    with_cpus = [node["id"] for node in topology.get("nodes", []) if node.get("has_cpus")]
-    count = _instance_count(layout, len(with_cpus), len(topology.get("gpus") or []), entry.get("gpus"))
-    if count == 0:
-        return [_unplanned(name, "layout %s gives no instance here (%d GPUs, %d nodes with CPUs)"
-                           % (layout, len(topology.get("gpus") or []), len(with_cpus)))]
-    options = request_options(entry, layout, count, with_cpus)
+    wanted = service_requests(entry, topology)
+    if wanted["error"]:
+        return [_unplanned(name, wanted["error"])]
     from .placement import plan_instances
     from .request import build_request
 
     try:
-        request = build_request(dict(options, instance=0))
+        request = build_request(dict(wanted["request"], instance=0))
     except NumaError as exc:
         return [_unplanned(name, str(exc))]
     return [_planned(name, index, result) for index, result in enumerate(plan_instances(dict(topology), request))]
-
-
-def _instance_count(layout: str, cpu_nodes: int, gpus: int, per_instance: Any) -> int:
-    """How many instances the role's layout gives: per node with CPUs, per GPU, per group of ``gpus`` GPUs, or one."""
-    if layout == "per_node":
-        return cpu_nodes
-    if layout == "per_gpu":
-        return gpus
-    if layout == "gpu_groups":
-        size = str(per_instance)
-        return gpus // int(size) if size.isdigit() and int(size) > 0 else 0
-    return 1
-
-
-def request_options(entry: Mapping[str, Any], layout: str, count: int, with_cpus: List[int]) -> Dict[str, Any]:
-    """The request numa-pin gets for the entry (the role's "Build the placement request")."""
-    options = dict((key, entry.get(key)) for key in REQUEST_KEYS)
-    gpus = entry.get("gpus")
-    options["gpus"] = gpus if gpus is not None else 1 if layout == "per_gpu" else "none" if layout == "per_node" \
-        else "auto"
-    model = entry.get("model_path")
-    options["model"] = [model] if model else []
-    options["model_size"] = entry.get("model_size") if entry.get("model_size") is not None else model
-    options["instances"] = count
-    options["anchors"] = ",".join(str(node) for node in with_cpus) if layout == "per_node" else None
-    return dict((key, value) for key, value in options.items() if value is not None)
 
 
 def _planned(name: str, index: int, result: Any) -> Dict[str, Any]:

@@ -113,7 +113,6 @@ MAX_GPUS = 1024
 _PCI_ADDRESS = r"^(?:([0-9a-f]{4,8}):)?([0-9a-f]{2}):([0-9a-f]{2})\.([0-7])$"
 
 
-
 def copied(value: Any) -> Any:
     """A copy of JSON-like data (as dataclasses.asdict made): the caller may change it."""
     if isinstance(value, list):
@@ -447,7 +446,9 @@ def build_request(options: Mapping[str, Any]) -> Request:
     chosen = {option.name: options.get(option.name) for option in OPTIONS if option.stage == PLANNER}
     if chosen["node"] == "auto":
         chosen["node"] = None
-    chosen["model_size"] = _model_size(chosen["model_size"], options.get("model") or [])
+    models = options.get("model") or []
+    # One path as the role gives it, or a list (CLI, numa_plan).
+    chosen["model_size"] = _model_size(chosen["model_size"], [models] if isinstance(models, str) else models)
     return Request.from_options(chosen)
 
 
