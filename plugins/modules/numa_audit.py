@@ -28,6 +28,8 @@ author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - inferops.numa.host_root
+  - inferops.numa.host_root.read_only
 options:
   unit:
     description:
@@ -104,19 +106,6 @@ options:
         0 to V(86400).
     type: float
     default: 3
-  root:
-    description:
-      - Filesystem prefix under which C(proc/) and C(sys/fs/cgroup/) are read. For tests and captured trees;
-        C(systemctl) still asks the running systemd.
-    type: path
-    default: /
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: [linux]
 notes:
   - C(Mems_allowed_list) follows cpusets, not the memory policy, so memory placement is judged from
     C(numa_maps) only.

@@ -35,6 +35,7 @@ author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - inferops.numa.host_root
 options:
   state:
     description:
@@ -81,11 +82,6 @@ options:
         acting and return the growth in C(vmstat_delta). With balancing off both must stay flat; the module warns if
         they move.
     type: float
-  root:
-    description:
-      - Filesystem prefix for C(/proc) and C(/etc), so tests and dry runs work on a copy instead of the host.
-    type: path
-    default: /
 attributes:
   check_mode:
     support: full

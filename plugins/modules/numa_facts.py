@@ -23,21 +23,10 @@ author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - inferops.numa.host_root
+  - inferops.numa.host_root.read_only
   - ansible.builtin.action_common_attributes.facts
-options:
-  root:
-    description:
-      - Filesystem prefix under which C(sys/) and C(proc/) are read, like hwloc's C(HWLOC_FSROOT).
-      - Point it at a captured sysfs dump to see what another machine looks like.
-    type: path
-    default: /
 attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: [linux]
   facts:
     support: full
 notes:

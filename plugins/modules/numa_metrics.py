@@ -24,11 +24,9 @@ author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - inferops.numa.host_root
+  - inferops.numa.host_root.read_only
 options:
-  root:
-    description: Read the machine whose C(sys/) and C(proc/) are under this directory (a captured machine).
-    type: path
-    default: /
   plan_dir:
     description: Where the plan records are; default C(/etc/inferops-numa) under O(root).
     type: path
@@ -40,13 +38,6 @@ options:
     type: list
     elements: dict
     default: []
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: [linux]
 """
 
 EXAMPLES = r"""

@@ -20,6 +20,8 @@ author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
+  - inferops.numa.host_root
+  - inferops.numa.host_root.read_only
 options:
   node:
     description: Node id to anchor on (0 to 1023); omit (or C(auto)) to let the planner choose.
@@ -92,10 +94,6 @@ options:
     type: str
     choices: [generic, llama.cpp, vllm, sglang, trtllm]
     default: generic
-  root:
-    description: Plan for the machine whose C(sys/) and C(proc/) are under this directory.
-    type: path
-    default: /
   record_file:
     description:
       - A plan record a deployment wrote, such as C(/etc/inferops-numa/llama@1.plan.json). The module reads it
@@ -103,13 +101,6 @@ options:
         role writes, and restarts for, only the records that changed.
       - A file that is missing, unreadable, a symlink, not owned by root or writable by others is not current.
     type: path
-attributes:
-  check_mode:
-    support: full
-  diff_mode:
-    support: none
-  platform:
-    platforms: [linux]
 """
 
 EXAMPLES = r"""
