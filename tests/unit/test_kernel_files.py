@@ -9,7 +9,7 @@ import stat
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel, kernel_files
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cpulist, kernel, kernel_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 # Seeded and bounded: the same few hundred texts at every run.
@@ -186,7 +186,7 @@ def test_numbered_entries_are_spelled_as_the_kernel_prints_them(names, expected)
 @PARSER_SETTINGS
 @given(st.text(alphabet="0123456789abcdefxX-+_ \u0661", max_size=30) | st.text(max_size=30))
 def test_parse_integer_is_an_int_or_none_for_any_text(text):
-    number = kernel_files.parse_integer(text)
+    number = cpulist.parse_integer(text)
     if number is not None:
         assert number == (int(text, 16) if text[:2].lower() == "0x" else int(text))
         assert abs(number) < 1 << 80
@@ -196,6 +196,6 @@ def test_parse_integer_is_an_int_or_none_for_any_text(text):
 @PARSER_SETTINGS
 @given(st.integers(min_value=-(1 << 63), max_value=(1 << 64) - 1))
 def test_parse_integer_reads_every_64_bit_number_the_kernel_prints(number):
-    assert kernel_files.parse_integer(str(number)) == number
+    assert cpulist.parse_integer(str(number)) == number
     if number >= 0:
-        assert kernel_files.parse_integer("0x%x" % number) == number
+        assert cpulist.parse_integer("0x%x" % number) == number

@@ -1,4 +1,5 @@
-"""The kernel's list syntax for CPUs and nodes: ``0-3,8,10-11``.
+"""The kernel's syntax for numbers and lists: ``0-3,8,10-11`` for CPUs and nodes, ``4096``,
+``-1`` and ``0x030200`` for values, ``12`` in a name like ``node12``.
 
 Shared by the sysfs reader, the planner and the CLI so that every part of the
 package reads and prints the same format as ``/sys/devices/system/node/*/cpulist``
@@ -14,7 +15,7 @@ from .sizes import shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable, List
+    from typing import Iterable, List, Optional
 
 # No kernel numbers more: CONFIG_NR_CPUS tops out at 8192 (x86's MAXSMP, powerpc), and
 # MAX_NUMNODES is 1 << NODES_SHIFT with no architecture's NODES_SHIFT above 10. The sysfs
@@ -24,7 +25,9 @@ MAX_NODES = 1024
 # Callers that name no bound: a typo like "0-99999999" would otherwise build a list of
 # a hundred million ints.
 _PLAUSIBLE_IDS = 1 << 20
-_DIGITS = "0123456789"
+# The characters of the kernel's decimal and hexadecimal numbers: str.isdigit() also takes "²" and "١".
+DIGITS = "0123456789"
+HEX_DIGITS = DIGITS + "abcdefABCDEF"
 
 
 def parse_cpulist(text: str, limit: int = _PLAUSIBLE_IDS) -> List[int]:
@@ -67,7 +70,7 @@ def _parse_item(item: str, text: str, limit: int) -> range:
 
 
 def _is_digits(text: str) -> bool:
-    return bool(text) and not text.strip(_DIGITS)
+    return bool(text) and not text.strip(DIGITS)
 
 
 def format_cpulist(ids: Iterable[int]) -> str:
@@ -88,3 +91,24 @@ def format_cpulist(ids: Iterable[int]) -> str:
 
 def _span(first: int, last: int) -> str:
     return str(first) if first == last else "%d-%d" % (first, last)
+
+
+def parse_integer(text: str) -> Optional[int]:
+    """A number as the kernel prints one (``-1``, ``4096``, ``0x030200``); None for anything else.
+
+    Bounded to 64 bits' worth of digits: int() would take ``1_0`` and ``+5``, and raises
+    past 4300 digits; a bigger number is no counter's.
+    """
+    if text[:2] in ("0x", "0X"):
+        digits = text[2:]
+        return int(digits, 16) if 0 < len(digits) <= 16 and not digits.strip(HEX_DIGITS) else None
+    digits = text[1:] if text[:1] == "-" else text
+    if not 0 < len(digits) <= 20 or digits.strip(DIGITS):
+        return None
+    return int(text)
+
+
+def is_kernel_number(text: str) -> bool:
+    """True for how the kernel prints an unsigned number in a name like ``node12``: ASCII digits,
+    no leading zero, at most 9 of them (so ``node01`` and ``node١`` are not node 1)."""
+    return 0 < len(text) <= 9 and not text.strip(DIGITS) and (text == "0" or text[0] != "0")

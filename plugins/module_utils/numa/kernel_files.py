@@ -31,6 +31,7 @@ import errno
 import os
 import stat
 
+from .cpulist import is_kernel_number, parse_integer
 from .errors import NumaError
 from .kernel import has_open_in_root, open_in_root
 
@@ -56,8 +57,6 @@ MAX_SYMLINKS = 40
 # process may have no more than 1024 fds in all.
 _OPEN_DIRS = 64
 
-_DIGITS = "0123456789"
-_HEX_DIGITS = "0123456789abcdefABCDEF"
 
 _READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -264,27 +263,6 @@ def printable(text: str) -> str:
     if text.isascii() and text.isprintable():
         return text
     return "".join(char if " " <= char <= "~" else ascii(char)[1:-1] for char in text)
-
-
-def parse_integer(text: str) -> Optional[int]:
-    """A number as the kernel prints one (``-1``, ``4096``, ``0x030200``); None for anything else.
-
-    Bounded to 64 bits' worth of digits: int() would take ``1_0`` and ``+5``, and raises
-    past 4300 digits; a bigger number is no counter's.
-    """
-    if text[:2] in ("0x", "0X"):
-        digits = text[2:]
-        return int(digits, 16) if 0 < len(digits) <= 16 and not digits.strip(_HEX_DIGITS) else None
-    digits = text[1:] if text[:1] == "-" else text
-    if not 0 < len(digits) <= 20 or digits.strip(_DIGITS):
-        return None
-    return int(text)
-
-
-def is_kernel_number(text: str) -> bool:
-    """True for how the kernel prints an unsigned number in a name like ``node12``: ASCII digits,
-    no leading zero, at most 9 of them (so ``node01`` and ``node١`` are not node 1)."""
-    return 0 < len(text) <= 9 and not text.strip(_DIGITS) and (text == "0" or text[0] != "0")
 
 
 def proc_text(root: str, pid: Union[int, str], name: str, tid: Optional[int] = None) -> Optional[str]:

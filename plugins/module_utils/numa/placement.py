@@ -26,11 +26,10 @@ exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` an
 """
 from __future__ import annotations
 
-from .cpulist import format_cpulist, parse_cpulist
+from .cpulist import format_cpulist, is_kernel_number, parse_cpulist
 from .engines import recipe
 from .errors import NumaError
 from .gpu_vendors import visibility_env
-from .kernel_files import is_kernel_number
 from .request import Request, copied
 from .sizes import format_size, shown
 

@@ -28,10 +28,10 @@ import errno
 import os
 import stat
 
-from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
+from .cpulist import DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
 from .errors import NumaError
 from .gpu_vendors import index_facts, vendor_name
-from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, parse_integer, parse_status, printable
+from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, parse_status, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,8 +55,6 @@ NVME_CLASS = 0x010802
 _MEMINFO_USED = frozenset(("MemTotal", "MemFree", "MemAvailable", "FilePages", "Shmem", "Cached", "Buffers"))
 # A meminfo line is "[Node N] Name: value [kB]", its name made of these.
 _MEMINFO_NAME = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_()"
-_DIGITS = "0123456789"
-_HEX_DIGITS = _DIGITS + "abcdefABCDEF"
 # The choice a kernel marks in brackets, as in "always [madvise] never", is made of these.
 _CHOICE_NAME = "abcdefghijklmnopqrstuvwxyz_"
 _KB_PER_UNIT = {"K": 1, "M": 1024, "G": 1024 * 1024}
@@ -586,7 +584,7 @@ def _parse_cpumap(reader: _Reader, rel: str) -> Optional[List[int]]:
     if raw is None:
         return None
     words = raw.split(",")[::-1] if raw else []  # least significant first
-    if any(not 0 < len(word) <= 8 or word.strip(_HEX_DIGITS) for word in words):
+    if any(not 0 < len(word) <= 8 or word.strip(HEX_DIGITS) for word in words):
         reader.warn("%s: not a hex CPU mask: %s" % (rel, reader.quote(rel, raw)))
         return []
     cpus = []
@@ -638,7 +636,7 @@ def _read_distances(reader: _Reader, base: str, keys: List[str]) -> Dict[str, in
         return {}
     words = raw.split()
     # A distance is at most 3 digits: checked as text, so 64 nodes' 4096 numbers cost one int() each.
-    values = [int(word) if 0 < len(word) <= 3 and not word.strip(_DIGITS) else -1 for word in words]
+    values = [int(word) if 0 < len(word) <= 3 and not word.strip(DIGITS) else -1 for word in words]
     if any(not 0 <= value <= _MAX_DISTANCE for value in values):
         reader.warn("%s/distance: not a list of distances 0-%d: %s"
                     % (base, _MAX_DISTANCE, reader.quote(base + "/distance", raw)))
@@ -748,7 +746,7 @@ def _pci_id(reader: _Reader, rel: str) -> Optional[str]:
     raw = reader.text(rel, required=False)
     if not raw:
         return None
-    if len(raw) == 6 and raw[:2] == "0x" and not raw[2:].strip(_HEX_DIGITS):
+    if len(raw) == 6 and raw[:2] == "0x" and not raw[2:].strip(HEX_DIGITS):
         return raw.lower()
     reader.warn("%s: not a PCI id (0x and 4 hex digits): %s" % (rel, reader.quote(rel, raw)))
     return None
