@@ -5,7 +5,8 @@ into tmp; the dumps live in ../shared/fixtures/hwloc-linux and are never copied 
 then reads it with ``topology.read`` and plans two requests on what was read, under an alarm.
 What may come out: facts with one-line warnings, or a one-line NumaError from the planner. A
 canary file outside the root must never be read, whatever symlinks the case planted. Every case
-is undone before the next, and its seed is in the failure message.
+is undone before the next, and its seed is in the failure message. (numa-pin facts run as a process
+on mutated machines: tests/integration/test_fuzz_reader_processes.py.)
 """
 
 import errno
@@ -16,8 +17,6 @@ import random
 import shutil
 import signal
 import stat
-import subprocess
-import sys
 import tarfile
 from contextlib import ExitStack, contextmanager
 
@@ -30,13 +29,11 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.placement impor
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-PACKAGE_PARENT = os.path.join(REPO, "plugins", "module_utils")
 DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")
 # Many nodes; a large machine (256 CPUs, 64 nodes); PCI devices behind sysfs symlinks.
 MACHINES = {"16amd64-8n2c": 150, "256ia64-64n2s2c": 90, "32em64t-2n8c+dax+nvme+mic+dimms": 150}
 SEED = 14
 CASE_SECONDS = 20  # far above a case's ~0.1 s, for a loaded 2-core machine
-CLI_CASES = 3
 
 pytestmark = pytest.mark.skipif(not all(os.path.exists(os.path.join(DUMPS, name + ".tar.bz2")) for name in MACHINES),
                                 reason="../shared/fixtures/hwloc-linux not present (plain clone)")
@@ -317,33 +314,6 @@ def test_mutated_machines_read_through_the_walk_too(machines, tmp_path, monkeypa
     reader walks the path from the root fd: the same cases, the same outcome."""
     monkeypatch.setattr(kernel_files, "has_open_in_root", lambda _fd: False)
     test_mutated_machines_read_and_plan_without_a_traceback(machines, tmp_path, "32em64t-2n8c+dax+nvme+mic+dimms")
-
-
-def numa_pin(*args):
-    return subprocess.run([sys.executable, "-m", "numa"] + list(args), env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
-                          check=False)
-
-
-def test_numa_pin_facts_on_mutated_machines_prints_facts_and_no_traceback(machines, tmp_path):
-    roots, canary = machines
-    root = roots["16amd64-8n2c"]
-    rng = random.Random("cli-%d" % SEED)
-    for case, mutation in enumerate([fifo, escaping_symlink, huge][:CLI_CASES]):
-        with ExitStack() as undo:
-            undo.callback(mutation(rng, root, NODE_DIR + "/node%d/meminfo" % case, str(tmp_path), canary))
-            done = numa_pin("facts", "--root", root)
-        assert done.returncode == 0 and done.stderr == "", (mutation.__name__, done.stderr)
-        facts = json.loads(done.stdout)
-        check_facts(facts)
-        assert any("node%d/meminfo" % case in warning for warning in facts["warnings"]), facts["warnings"]
-
-
-def test_numa_pin_facts_on_a_root_that_is_a_fifo_fails_in_one_line(tmp_path):
-    os.mkfifo(str(tmp_path / "root"))
-    done = numa_pin("facts", "--root", str(tmp_path / "root"))
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1 and "not a directory" in done.stderr, done.stderr
 
 
 def test_the_fuzz_can_fail(machines, tmp_path):
