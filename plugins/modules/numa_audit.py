@@ -317,6 +317,7 @@ min_local_percent:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa import judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import (UnitAudit, audit_pids, audit_unit,
                                                                                audit_units, load_plan)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
@@ -377,13 +378,11 @@ def main() -> None:
             "units": {"type": "list", "elements": "dict", "options": {
                 "unit": {"type": "str", "required": True},
                 "plan_file": {"type": "path"},
-                "min_local_percent": {"type": "float", "default": 99.0},
-                "pages": {"type": "str", "choices": ["all", "anon", "file"], "default": "all"},
+                **judging.argument_spec(),
             }},
             "plan": {"type": "dict"},
             "plan_file": {"type": "path"},
-            "min_local_percent": {"type": "float", "default": 99.0},
-            "pages": {"type": "str", "choices": ["all", "anon", "file"], "default": "all"},
+            **judging.argument_spec(),
             "wait_seconds": {"type": "int", "default": 60},
             "settle_seconds": {"type": "float", "default": 3.0},
             "root": {"type": "path", "default": "/"},

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli
+from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_audit
 
@@ -375,7 +375,7 @@ def test_min_local_percent_must_be_a_finite_percentage(tmp_path, threshold):
 def test_a_threshold_is_taken_exactly_when_it_is_a_finite_percentage(threshold):
     valid = not math.isnan(threshold) and 0 <= threshold <= 100
     try:
-        audit.check_judging(threshold, "all")
+        judging.check(threshold, "all")
     except NumaError as error:
         assert not valid and "\n" not in str(error)
         return

@@ -40,7 +40,6 @@ plan with no resident pages to judge.
 """
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -48,12 +47,12 @@ import time
 from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from .cpulist import format_cpulist, parse_cpulist
-from .errors import NumaError
+from .errors import NumaError, shown
 from .kernel_files import parse_maps, proc_text, read_status
-from .sizes import format_size, shown
+from . import judging
+from .sizes import finite_number, format_size
 
 KINDS = ("anon", "file", "code")
-PAGE_SELECTIONS = ("all", "anon", "file")
 ENFORCED_POLICIES = ("bind",)
 INTERLEAVE_POLICIES = ("interleave", "weighted-interleave")
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup")
@@ -232,27 +231,11 @@ def check_pids(pids: Sequence[Any]) -> List[int]:
     return list(pids)
 
 
-def check_judging(min_local_percent: Any, pages: Any) -> None:
-    """Refuse a threshold no share can be compared with (NaN compares false: a bind plan would always pass)."""
-    if not _finite_number(min_local_percent) or not 0 <= min_local_percent <= 100:
-        raise NumaError("min_local_percent %s is not a percentage from 0 to 100: give one like 99"
-                        % shown(min_local_percent))
-    if pages not in PAGE_SELECTIONS:
-        raise NumaError("pages must be one of %s, not %s" % (", ".join(PAGE_SELECTIONS), shown(pages)))
-
-
 def check_seconds(name: str, value: Any) -> None:
     """A wait the polling loop can finish: NaN or infinity would never reach its deadline."""
-    if not _finite_number(value) or not 0 <= value <= MAX_WAIT_SECONDS:
+    if not finite_number(value) or not 0 <= value <= MAX_WAIT_SECONDS:
         raise NumaError("%s %s is not a number of seconds from 0 to %d: give one like 60"
                         % (name, shown(value), MAX_WAIT_SECONDS))
-
-
-def _finite_number(value: Any) -> bool:
-    # An int is finite however large; math.isfinite() would overflow converting it to float.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return isinstance(value, int) or math.isfinite(value)
 
 
 def load_plan(path: str) -> Dict[str, Any]:
@@ -329,7 +312,7 @@ def _selected(entry: Mapping[str, int], pages: str) -> int:
 def local_shares(nodes: Mapping[int, Mapping[str, int]], mem_nodes: List[int]) -> Dict[str, Optional[float]]:
     """Local percent of "all" (anon + file), anon, file and code bytes, given the nodes memory should be on."""
     shares = {}  # type: Dict[str, Optional[float]]
-    for pages in PAGE_SELECTIONS + ("code",):
+    for pages in judging.PAGE_SELECTIONS + ("code",):
         total = sum(_selected(entry, pages) for entry in nodes.values())
         local = sum(_selected(entry, pages) for node, entry in nodes.items() if node in mem_nodes)
         shares[pages] = _percent(local, total)
@@ -402,7 +385,7 @@ def _interleave_spread(nodes: Mapping[int, Mapping[str, int]], expect: Expectati
 def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_local_percent: float,
           pages: str, page_size: int) -> Dict[str, Any]:
     """Totals, shares and the verdict for raw process readings (see read_process)."""
-    check_judging(min_local_percent, pages)
+    judging.check(min_local_percent, pages)
     totals = {}  # type: Dict[int, Dict[str, int]]
     for raw in processes:
         _merge(totals, raw["node_bytes"])
@@ -482,7 +465,7 @@ def _message(report: Mapping[str, Any], problems: List[str]) -> str:
 
 
 def audit_pids(root: str, pids: Sequence[int], plan: Optional[Mapping[str, Any]] = None,
-               min_local_percent: float = 99.0, pages: str = "all",
+               min_local_percent: float = judging.DEFAULT_MIN_LOCAL_PERCENT, pages: str = judging.DEFAULT_PAGES,
                page_size: Optional[int] = None) -> Dict[str, Any]:
     """Audit explicit PIDs; a PID that does not exist is an error."""
     size = page_size or os.sysconf("SC_PAGE_SIZE")
@@ -704,13 +687,14 @@ def audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[s
     return report
 
 
-def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0,
-               pages: str = "all", wait_seconds: float = 0, settle_seconds: float = 3.0,
+def audit_unit(root: str, unit: str, plan: Optional[Mapping[str, Any]] = None,
+               min_local_percent: float = judging.DEFAULT_MIN_LOCAL_PERCENT,
+               pages: str = judging.DEFAULT_PAGES, wait_seconds: float = 0, settle_seconds: float = 3.0,
                run: Optional[CommandRunner] = None, page_size: Optional[int] = None,
                clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
     """Audit every process of a systemd unit, after waiting for it to be up."""
-    check_judging(min_local_percent, pages)
+    judging.check(min_local_percent, pages)
     props, warnings = wait_for_unit(unit, root, run or run_command, wait_seconds, settle_seconds, clock, sleep)
     return audit_props(root, unit, props, warnings, plan, min_local_percent, pages, page_size)
 
@@ -729,7 +713,7 @@ def audit_units(root: str, audits: Sequence[UnitAudit], wait_seconds: float = 0,
                 sleep: Callable[[float], None] = time.sleep) -> List[Dict[str, Any]]:
     """audit_unit for several units, waited for together; a unit that fails is a failed report."""
     for entry in audits:
-        check_judging(entry.min_local_percent, entry.pages)
+        judging.check(entry.min_local_percent, entry.pages)
     outcomes = wait_for_units([entry.unit for entry in audits], root, run or run_command, wait_seconds,
                               settle_seconds, clock, sleep)
     reports = []
@@ -746,7 +730,8 @@ def audit_units(root: str, audits: Sequence[UnitAudit], wait_seconds: float = 0,
 
 
 def audit_service(pids: Optional[Sequence[int]] = None, unit: Optional[str] = None,
-                  plan: Optional[Mapping[str, Any]] = None, min_local_percent: float = 99.0, pages: str = "all",
+                  plan: Optional[Mapping[str, Any]] = None,
+                  min_local_percent: float = judging.DEFAULT_MIN_LOCAL_PERCENT, pages: str = judging.DEFAULT_PAGES,
                   root: str = "/", wait_seconds: float = 0) -> Dict[str, Any]:
     """``numa-pin audit``: a unit (waiting up to wait_seconds) or explicit PIDs, exactly one of them."""
     if bool(pids) == bool(unit):

@@ -34,8 +34,10 @@ import stat
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
+from . import safe_fs
 from .errors import NumaError
 from .kernel_files import read_vmstat
+from .safe_fs import NO_FOLLOW
 
 BALANCING_KEY = "kernel.numa_balancing"
 ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
@@ -64,9 +66,8 @@ _MAX_SYMLINKS = 40  # the kernel's own limit for one path lookup
 # Far above any sysctl or tuned file; a larger file is not what its name claims, and is not read.
 MAX_CONF_BYTES = 1 << 20
 _MAX_KNOB_BYTES = 4096
-# O_NONBLOCK: a FIFO planted where a file belongs cannot make an open or a read hang.
-_NO_FOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | _NO_FOLLOW
+# Hidden and not *.conf: systemd-sysctl ignores a temporary file left by a crash before the rename.
+TEMPORARY_PREFIX = ".inferops-numa-"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _TRUE_WORDS = frozenset(("1", "true", "yes", "on", "y"))
 _FALSE_WORDS = frozenset(("0", "false", "no", "off", "n"))
@@ -215,18 +216,13 @@ def same_value(written: str, wanted: int) -> bool:
 # ---------------------------------------------------------------- files under root
 #
 # ``root`` is the one path taken on trust. Below it every component is opened relative to its
-# parent's descriptor with O_NOFOLLOW, so a symlink planted anywhere under root cannot send a
-# read or a write elsewhere, and a swap between a check and its use fails instead of escaping.
-# Where links are part of the format (sysctl.d, tuned), ``resolve`` follows them itself, inside
-# root, and the result is opened the same way.
+# parent's descriptor with O_NOFOLLOW (safe_fs.walk), so a symlink planted anywhere under root
+# cannot send a read or a write elsewhere, and a swap between a check and its use fails instead
+# of escaping. Where links are part of the format (sysctl.d, tuned), ``resolve`` follows them
+# itself, inside root, and the result is opened the same way.
 
-
-class RefusedFile(OSError):
-    """A path this module will not go through: a symlink, a non-regular file, an oversized file."""
-
-    def __init__(self, path: str, found: str, fix: str) -> None:
-        super().__init__("%s is %s" % (path, found))
-        self.fix = fix
+# A path this module will not go through: a symlink, a non-regular file, an oversized file.
+RefusedFile = safe_fs.Refused
 
 
 def refusal(exc: RefusedFile, action: str) -> NumaError:
@@ -238,57 +234,20 @@ def _split(path: str) -> List[str]:
     return [name for name in path.split("/") if name and name != "."]
 
 
-def _enter(parent: int, name: str, path: str) -> int:
-    """Descriptor of directory ``name`` inside ``parent``; a symlink there is refused, not followed."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except NotADirectoryError:
-        if stat.S_ISLNK(os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode):
-            raise RefusedFile(path, "a symlink", "replace the symlink with a real directory") from None
-        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), path) from None
-
-
-def _make_dir(parent: int, name: str) -> None:
-    try:
-        os.mkdir(name, 0o755, dir_fd=parent)
-    except FileExistsError:
-        pass
-
-
-def _check_only_root_writes(directory: int, path: str) -> None:
-    """Refuse a directory that a user other than root (or us) could write: they could swap our file."""
-    info = os.fstat(directory)
-    trusted = (0, os.geteuid())
-    group_writes = info.st_mode & 0o020 and info.st_gid not in (0, os.getegid())
-    if info.st_uid not in trusted or group_writes or info.st_mode & 0o002:
-        raise RefusedFile(path, "writable by others (owner uid %d, group gid %d, mode %04o)"
-                          % (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
-                          "make it owned by root and writable by root only (chmod 0755)")
-
-
 def open_dir(root: str, path: str, create: bool = False, root_only: bool = False) -> int:
     """Descriptor of directory ``path`` (absolute on the target) under ``root``, without following links.
 
-    ``create`` makes missing directories (0755); ``root_only`` refuses a directory below root that
-    another user may write.
+    ``root_only`` refuses a directory below root that another user may write (safe_fs.SYSCTL_DIR);
+    with it, ``create`` makes missing directories as that rule makes them.
     """
-    directory = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    walked = root
-    try:
-        for name in _split(path):
-            walked = os.path.join(walked, name)
-            if name == "..":
-                raise RefusedFile(walked, "outside root", "name a path inside root")
-            if create:
-                _make_dir(directory, name)
-            child = _enter(directory, name, walked)
-            os.close(directory)
-            directory = child
-            if root_only:
-                _check_only_root_writes(directory, walked)
-    except BaseException:
-        os.close(directory)
-        raise
+    rule = safe_fs.SYSCTL_DIR if root_only else None
+    directory, problem, _owner = safe_fs.open_directory(root, safe_fs.names_of(root, path), rule, create,
+                                                        judge_start=False)
+    if problem:
+        info = problem.info
+        raise RefusedFile(problem.path, "writable by others (owner uid %d, group gid %d, mode %04o)"
+                          % (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
+                          "make it owned by root and writable by root only (chmod 0755)")
     return directory
 
 
@@ -298,7 +257,7 @@ def open_under(root: str, path: str, flags: int) -> int:
     full = host_path(root, path)
     directory = open_dir(root, parent)
     try:
-        handle = os.open(name, flags | _NO_FOLLOW, dir_fd=directory)
+        handle = os.open(name, flags | NO_FOLLOW, dir_fd=directory)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise RefusedFile(full, "a symlink", "replace the symlink with a regular file") from None
@@ -771,7 +730,7 @@ def _inspect_entry(root: str, directory: int) -> Dropin:
         return Dropin(None, "a symlink to %r" % os.readlink(DROPIN_NAME, dir_fd=directory), False)
     if not stat.S_ISREG(info.st_mode):
         raise RefusedFile(host_path(root, DROPIN_PATH), "not a regular file", "move it away; the drop-in goes there")
-    handle = os.open(DROPIN_NAME, os.O_RDONLY | _NO_FOLLOW, dir_fd=directory)
+    handle = os.open(DROPIN_NAME, os.O_RDONLY | NO_FOLLOW, dir_fd=directory)
     try:
         content = _read_handle(handle, MAX_CONF_BYTES, host_path(root, DROPIN_PATH))
         return Dropin(content, _untrusted_because(os.fstat(handle)), False)
@@ -799,36 +758,13 @@ def inspect_dropin(root: str) -> Dropin:
 
 
 def create_temporary(directory: int, data: bytes) -> str:
-    """A new file in ``directory`` holding ``data`` on disk, mode 0644; returns its name.
-
-    The name is random and created O_EXCL without following links, so nothing planted in the
-    directory is written through. Hidden and not *.conf: systemd-sysctl ignores it if we die
-    before the rename.
-    """
-    name = ".inferops-numa-%s.tmp" % os.urandom(8).hex()
-    handle = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NO_FOLLOW, 0o600, dir_fd=directory)
-    try:
-        os.fchmod(handle, DROPIN_MODE)  # explicit, whatever the umask
-        unwritten = memoryview(data)
-        while unwritten:
-            unwritten = unwritten[os.write(handle, unwritten):]
-        os.fsync(handle)
-    except BaseException:
-        os.unlink(name, dir_fd=directory)
-        raise
-    finally:
-        os.close(handle)
-    return name
+    """A new file in ``directory`` holding ``data`` on disk, mode 0644, under a random hidden name
+    that is not *.conf (safe_fs.create_temporary); returns its name."""
+    return safe_fs.create_temporary(directory, data, DROPIN_MODE, TEMPORARY_PREFIX)
 
 
 def _replace_dropin(directory: int, text: str) -> None:
-    # rename() replaces a symlink itself, never its target, and the new file keeps our owner and mode.
-    temporary = create_temporary(directory, text.encode("utf-8"))
-    try:
-        os.rename(temporary, DROPIN_NAME, src_dir_fd=directory, dst_dir_fd=directory)
-    except BaseException:
-        os.unlink(temporary, dir_fd=directory)
-        raise
+    safe_fs.rename_into_place(directory, create_temporary(directory, text.encode("utf-8")), DROPIN_NAME)
 
 
 def _remove_dropin(directory: int) -> None:

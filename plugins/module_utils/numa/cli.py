@@ -54,7 +54,7 @@ EXEC_EXAMPLE = "numa-pin exec --node 0 --port-base 8080 -- llama-server -t {thre
 # What each request option's value looks like in --help (argparse would show the option's name in capitals).
 METAVARS = {"node": "ID|auto", "gpus": "auto|none|N|ADDR,...", "model_size": "SIZE|PATH", "model": "PATH",
             "memory_headroom": "SIZE", "reserve_cpus": "CPULIST", "instances": "N", "instance": "I",
-            "replica_dir": "DIR", "port_base": "PORT", "anchors": "NODE,..."}
+            "replica_dir": "DIR", "port_base": "PORT", "anchors": "NODE,...", "min_local_percent": "PERCENT"}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -231,10 +231,7 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     audit.add_argument("--unit", metavar="NAME", help="a systemd unit: audits every process of its cgroup")
     audit.add_argument("--plan-json", metavar="FILE",
                        help="the plan file the service was started with (expected nodes and CPUs)")
-    audit.add_argument("--min-local-percent", type=float, default=99.0, metavar="PERCENT",
-                       help="lowest local share a bind plan passes with, 0 to 100 (default: %(default)s)")
-    audit.add_argument("--pages", choices=("all", "anon", "file"), default="all",
-                       help="which memory the local share counts (program images never count)")
+    _add_judging_options(audit)
     audit.add_argument("--wait-seconds", type=float, default=0.0, metavar="SECONDS",
                        help="wait this long (at most a day, 86400) for the unit to be active and its memory "
                             "to settle")
@@ -263,8 +260,16 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
         _add_request_option(group, option)
 
 
+def _add_judging_options(parser: argparse.ArgumentParser) -> None:
+    from .judging import OPTIONS
+
+    group = parser.add_argument_group("judging (numa_audit and the role's entries share these)")
+    for option in OPTIONS:
+        _add_request_option(group, option)
+
+
 def _add_request_option(group: Any, option: Option) -> None:
-    """One option of request.py's table; its default is the planner's, so --help shows it."""
+    """One option of a table (request.py's, judging.py's); its default is the table's, so --help shows it."""
     text = option.help.replace("%", "%%")  # argparse formats help with %
     if option.default is not None and option.kind != "list":
         text += " (default: %(default)s)"
@@ -278,8 +283,8 @@ def _add_request_option(group: Any, option: Option) -> None:
         settings["metavar"] = METAVARS[option.name]
     if option.choices:
         settings["choices"] = option.choices
-    if option.kind == "int":
-        settings["type"] = int
+    if option.kind in ("int", "float"):
+        settings["type"] = int if option.kind == "int" else float
     elif option.kind == "list":
         settings["action"] = "append"
     group.add_argument(option.flag, **settings)

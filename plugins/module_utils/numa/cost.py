@@ -41,8 +41,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from . import audit, kernel, numastat, topology
 from .cpulist import parse_cpulist
-from .errors import NumaError
-from .sizes import format_size, shown
+from .errors import NumaError, shown
+from .sizes import format_size
 
 LINE_BYTES = 64
 SLOTS_PER_LINE = LINE_BYTES // 8  # "Q" slots: one chase slot per cache line

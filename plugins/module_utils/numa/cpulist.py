@@ -10,8 +10,7 @@ several ms) and ``typing`` only for type checkers.
 """
 from __future__ import annotations
 
-from .errors import NumaError
-from .sizes import shown
+from .errors import NumaError, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

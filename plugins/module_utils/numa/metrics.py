@@ -30,7 +30,6 @@ written.
 """
 
 import copy
-import errno
 import json
 import os
 import re
@@ -38,10 +37,9 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import audit
+from . import audit, judging, safe_fs
 from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
-from .errors import NumaError
-from .sizes import shown
+from .errors import NumaError, shown
 
 PLAN_DIR = "/etc/inferops-numa"
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -52,7 +50,7 @@ PREFIX = "inferops_numa_"
 ON_DRIFT = ("none", "evict", "restart")
 DEFAULT_DRIFT_INTERVAL = 3600
 # What a service is held to when the deployment left no audit settings for it: the role's defaults.
-DEFAULT_SETTINGS = {"audit": True, "min_local_percent": 99.0, "pages": "all", "on_drift": "none"}
+DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
 MAX_JSON_BYTES = 1 << 20
 
@@ -70,8 +68,6 @@ MAX_CPULIST_CHARS = 1 << 16
 MAX_STATE_SECONDS = 1 << 40
 MAX_STATE_COUNT = 1 << 53
 REDEPLOY = "deploy the service again with the inference_service role"
-_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 Snapshot = Dict[str, Any]
 Migrate = Callable[[int, Sequence[int], Sequence[int]], int]
@@ -248,7 +244,7 @@ def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any
     settings = dict(DEFAULT_SETTINGS)
     settings.update((key, written[key]) for key in DEFAULT_SETTINGS if key in written)
     try:
-        audit.check_judging(settings["min_local_percent"], settings["pages"])
+        judging.check(settings["min_local_percent"], settings["pages"])
     except NumaError as exc:
         raise NumaError("%s: %s" % (path, exc)) from None
     if settings["on_drift"] not in ON_DRIFT or not isinstance(settings["audit"], bool):
@@ -262,7 +258,7 @@ def read_trusted_json(dir_fd: int, name: str, path: str, fix: str = REDEPLOY) ->
     in messages, which end with ``fix``), not through a link, that only root (or this process's user) may
     write; FileNotFoundError when there is none."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, safe_fs.READ_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as exc:
@@ -270,7 +266,7 @@ def read_trusted_json(dir_fd: int, name: str, path: str, fix: str = REDEPLOY) ->
                         % (path, exc.strerror, fix)) from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+        if not stat.S_ISREG(info.st_mode) or safe_fs.TRUSTED_FILE.distrust(info, os.geteuid()):
             raise NumaError("ignoring %s (uid %d, mode %04o): only a regular file that root alone may write is "
                             "trusted; chown root and chmod go-w it, or %s"
                             % (path, info.st_uid, stat.S_IMODE(info.st_mode), fix))
@@ -481,136 +477,73 @@ def open_private_directory(path: str, what: str) -> int:
     time without following a link; refused when anyone but root (or this user) owns it or may write it.
 
     Each step opens a name relative to the descriptor of the directory before it, never through a
-    link, and the last directory is checked through its own descriptor; so whoever owns a directory
-    above it cannot swap in another one, and only the last one's owner and mode matter."""
-    return _open_directory(path, what, _subdirectory, every=False)
+    link, and the last directory is checked through its own descriptor (safe_fs.PRIVATE_DIR); so
+    whoever owns a directory above it cannot swap in another one, and only the last one's owner and
+    mode matter."""
+    return _open_directory(path, what, safe_fs.PRIVATE_DIR, create=True)
 
 
 def open_record_directory(path: str) -> Optional[int]:
     """A descriptor of the plan directory ``path``, reached as open_private_directory reaches its own but
     never made (None when it is missing: nothing is deployed), and refused unless every directory from ``/``
-    to it is owned by root (or this user) and writable by no one else, sticky ones too. The records decide
-    which unit root restarts, so no one else may put another directory in its place, nor another record."""
+    to it is owned by root (or this user) and writable by no one else, sticky ones too (safe_fs.RECORD_DIR).
+    The records decide which unit root restarts, so no one else may put another directory in its place,
+    nor another record."""
     try:
-        return _open_directory(path, "plan directory", _open_walked, every=True)
+        return _open_directory(path, "plan directory", safe_fs.RECORD_DIR)
     except FileNotFoundError:
         return None
 
 
-def _open_directory(path: str, what: str, step: Callable[[int, str, str, str], int], every: bool) -> int:
-    """A readable descriptor of the directory ``_walk`` reaches, or NumaError naming its trust problem."""
-    fd, problem = _walk(path, what, step, every)
-    try:
-        if problem:
-            raise NumaError(problem)
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def _walk(path: str, what: str, step: Callable[[int, str, str, str], int], every: bool) -> Tuple[int, str]:
-    """(an O_PATH descriptor of ``path``, each name opened by ``step`` in the directory before it, the first
-    trust problem of the directories checked: every one, or the last; "" when none).
-
-    A problem is told only once the walk is done, so a directory missing below an untrusted one is
-    FileNotFoundError (nothing there to read), not a refusal of a directory nothing is read from."""
+def _open_directory(path: str, what: str, rule: safe_fs.TrustRule, create: bool = False) -> int:
+    """A readable descriptor of the ``what`` directory ``path``, walked by safe_fs under ``rule``; NumaError
+    naming its trust problem, FileNotFoundError when it is missing (and not ``create``)."""
     if not os.path.isabs(path):
         raise NumaError("the %s %s is not an absolute path: give one like %s" % (what, path, TEXTFILE_DIR))
-    names = [name for name in path.split("/") if name not in ("", ".")]
-    if ".." in names:
-        raise NumaError("the %s %s holds '..': give the directory's own path" % (what, path))
-    fd = os.open("/", _WALK_FLAGS)
-    current = "/"
     try:
-        problem = _directory_problem(fd, current, not names, path, what) if every or not names else ""
-        for position, name in enumerate(names, 1):
-            current = os.path.join(current, name)
-            child = step(fd, name, current, what)
-            os.close(fd)
-            fd = child
-            if every or position == len(names):
-                problem = problem or _directory_problem(fd, current, position == len(names), path, what)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, problem
-
-
-def _subdirectory(parent: int, name: str, shown: str, what: str) -> int:
-    """The directory ``name`` in ``parent``, made if missing; never reached through a symbolic link."""
+        names = safe_fs.names_of("/", path)
+    except safe_fs.Refused:
+        raise NumaError("the %s %s holds '..': give the directory's own path" % (what, path)) from None
     try:
-        return _open_walked(parent, name, shown, what)
-    except FileNotFoundError:
-        pass
-    try:
-        os.mkdir(name, 0o755, dir_fd=parent)
-    except FileExistsError:  # made meanwhile
-        pass
+        fd, problem, _owner = safe_fs.open_directory("/", names, rule, create)
+    except FileNotFoundError as exc:
+        if not create:
+            raise
+        raise NumaError("the %s %s was removed while it was being made: run again" % (what, exc.filename)) from None
+    except safe_fs.CreateFailed as exc:
+        raise NumaError("cannot create the %s %s: %s" % (what, exc.filename, exc.strerror)) from None
+    except (safe_fs.Refused, NotADirectoryError) as exc:
+        raise NumaError("refusing the %s %s: it is a symbolic link or not a directory; give a real directory "
+                        "that only root may write" % (what, getattr(exc, "path", exc.filename))) from None
     except OSError as exc:
-        raise NumaError("cannot create the %s %s: %s" % (what, shown, exc.strerror)) from None
-    try:
-        return _open_walked(parent, name, shown, what)
-    except FileNotFoundError:
-        raise NumaError("the %s %s was removed while it was being made: run again" % (what, shown)) from None
+        raise NumaError("cannot open the %s %s: %s" % (what, exc.filename, exc.strerror)) from None
+    if problem:
+        raise NumaError(_directory_problem(problem, problem.path == os.path.join("/", *names), path, what))
+    return fd
 
 
-def _open_walked(parent: int, name: str, shown: str, what: str) -> int:
-    """``name`` in ``parent`` as a directory descriptor; FileNotFoundError when it is missing."""
-    try:
-        return os.open(name, _WALK_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise NumaError("refusing the %s %s: it is a symbolic link or not a directory; give a real directory "
-                            "that only root may write" % (what, shown)) from None
-        raise NumaError("cannot open the %s %s: %s" % (what, shown, exc.strerror)) from None
-
-
-def _directory_problem(fd: int, shown_path: str, last: bool, path: str, what: str) -> str:
-    """Why the directory ``shown_path`` on the way to the ``what`` ``path`` (or that one, ``last``) is not
-    trusted: anyone but root (or this user) owns it, or its group or others may write it; "" when trusted."""
-    info = os.fstat(fd)
-    subject = "it" if last else "%s above it" % shown_path
-    if info.st_uid not in (0, os.geteuid()):
+def _directory_problem(problem: safe_fs.Distrust, last: bool, path: str, what: str) -> str:
+    """Why the directory on the way to the ``what`` ``path`` (or that one, ``last``) is not trusted: anyone
+    but root (or this user) owns it, or its group or others may write it."""
+    subject = "it" if last else "%s above it" % problem.path
+    if problem.why == safe_fs.OWNER:
         return ("refusing the %s %s: %s is owned by uid %d, who could swap the files root keeps there; chown root "
-                "%s, or give a directory that only root may write" % (what, path, subject, info.st_uid, shown_path))
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return ("refusing the %s %s: %s (mode %04o) may be written by its group or others, who could swap the files "
-                "root keeps there; chmod go-w %s, or give a directory that only root may write"
-                % (what, path, subject, stat.S_IMODE(info.st_mode), shown_path))
-    return ""
+                "%s, or give a directory that only root may write"
+                % (what, path, subject, problem.info.st_uid, problem.path))
+    return ("refusing the %s %s: %s (mode %04o) may be written by its group or others, who could swap the files "
+            "root keeps there; chmod go-w %s, or give a directory that only root may write"
+            % (what, path, subject, stat.S_IMODE(problem.info.st_mode), problem.path))
 
 
 def write_atomically(directory: str, name: str, text: str, what: str, mode: int = 0o644) -> str:
-    """Write ``directory/name`` whole or not at all: an unpredictable temporary name there (never
-    ``*.prom``, which the collector would read), fsync, rename, fsync the directory. Its path."""
+    """Write ``directory/name`` whole or not at all (safe_fs.write_atomically): an unpredictable temporary
+    name there (never ``*.prom``, which the collector would read), fsync, rename, fsync the directory. Its path."""
     fd = open_private_directory(directory, what)
-    temporary = ".%s.%s.tmp" % (name, os.urandom(8).hex())
     try:
-        try:
-            out = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                          dir_fd=fd)
-            try:
-                os.fchmod(out, mode)
-                data = text.encode("utf-8")
-                while data:
-                    data = data[os.write(out, data):]
-                os.fsync(out)
-            finally:
-                os.close(out)
-            os.rename(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
-            temporary = ""
-            os.fsync(fd)
-        except OSError as exc:
-            raise NumaError("cannot write %s in the %s %s: %s; check the disk and that root may write there"
-                            % (name, what, directory, exc.strerror)) from None
-        finally:
-            if temporary:
-                try:
-                    os.unlink(temporary, dir_fd=fd)
-                except OSError:
-                    pass
+        safe_fs.write_atomically(fd, name, text.encode("utf-8"), mode, ".%s." % name)
+    except OSError as exc:
+        raise NumaError("cannot write %s in the %s %s: %s; check the disk and that root may write there"
+                        % (name, what, directory, exc.strerror)) from None
     finally:
         os.close(fd)
     return os.path.join(directory, name)
@@ -629,7 +562,7 @@ def read_actions(state_dir: str) -> Dict[str, Dict[str, Any]]:
     path = os.path.join(state_dir, STATE_NAME)
     fix = "remove it to start every drift interval again"
     try:
-        fd = _open_directory(state_dir, "state directory", _open_walked, every=False)
+        fd = _open_directory(state_dir, "state directory", safe_fs.PRIVATE_DIR)
     except FileNotFoundError:
         return {}
     try:

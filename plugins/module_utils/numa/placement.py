@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from .cpulist import format_cpulist, is_kernel_number, parse_cpulist
 from .engines import recipe
-from .errors import NumaError
+from .errors import NumaError, shown
 from .gpu_vendors import visibility_env
 from .request import Request, copied
-from .sizes import format_size, shown
+from .sizes import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -42,7 +42,9 @@ import os
 import pwd
 import stat
 
+from . import safe_fs
 from .errors import NumaError
+from .safe_fs import READ_FLAGS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -54,17 +56,11 @@ STAMP_ATTRIBUTE = "user.inferops.numa.source"
 LOCK_NAME = ".lock"
 # Partial copies: this prefix and 16 random hex digits. A copy's name starts with a digest, never a dot.
 PARTIAL_PREFIX = ".partial-"
-PARTIAL_TOKEN_LENGTH = 16
+PARTIAL_TOKEN_LENGTH = safe_fs.TOKEN_LENGTH
 # Bytes per sendfile call: a stop signal is acted on between two of them.
 COPY_CHUNK = 64 << 20
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
-# A directory on the replica path: a descriptor only for *at() calls, so search permission suffices.
-_WALK_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# A file only read: O_NONBLOCK so that a FIFO planted in its place cannot hang the start.
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
-# What open(O_TMPFILE) fails with where the file system (EOPNOTSUPP) or the kernel (EISDIR) lacks it.
-_NO_TMPFILE = (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL)
 _DIRECTORY_FIX = ("chown root (or the service's user) and chmod go-w, or set replica_dir to a directory only root "
                   "and the service's user can write")
 
@@ -141,64 +137,34 @@ def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str]) -> List[
 
 def _open_directory(path: str) -> Tuple[int, int]:
     """(``path`` opened for reading, the service's user): walked from ``/`` one directory at a
-    time, each made if missing and checked before anything is looked up in it."""
-    current = "/"
-    service_uid = os.geteuid()
-    fd = os.open(current, _WALK_FLAGS)
+    time, each made if missing and checked (safe_fs.REPLICA_DIR) before anything is looked up in it."""
     try:
-        service_uid = _check_directory(fd, current, service_uid)
-        for name in os.path.abspath(path).split("/"):
-            if name:
-                current = os.path.join(current, name)
-                fd, parent = _subdirectory(fd, name, current), fd
-                os.close(parent)
-                service_uid = _check_directory(fd, current, service_uid)
-        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd), service_uid
+        node, problem, service_uid = safe_fs.open_directory("/", safe_fs.names_of("/", os.path.abspath(path)),
+                                                            safe_fs.REPLICA_DIR, create=True)
+    except safe_fs.Refused as exc:
+        raise NumaError("refusing the replica directory %s: it is a symbolic link (owner %s), which could point "
+                        "anywhere; set replica_dir to a path without symbolic links"
+                        % (exc.path, _user(exc.info.st_uid if exc.info else -1))) from None
+    except NotADirectoryError as exc:
+        raise NumaError("the replica directory %s is not a directory; remove it or set replica_dir elsewhere"
+                        % exc.filename) from None
     except OSError as exc:
         raise NumaError("cannot create or open the replica directory %s: %s; make it writable for the service's "
-                        "user or set replica_dir to a directory it owns" % (current, exc.strerror)) from None
-    finally:
-        os.close(fd)
+                        "user or set replica_dir to a directory it owns" % (exc.filename or "/", exc.strerror)) from None
+    if problem:
+        raise _distrust_error(problem)
+    return node, service_uid
 
 
-def _subdirectory(parent: int, name: str, shown: str) -> int:
-    """The directory ``name`` in ``parent``, made if missing; never reached through a symbolic link."""
-    try:
-        return _open_subdirectory(parent, name, shown)
-    except FileNotFoundError:
-        pass
-    try:
-        os.mkdir(name, 0o750, dir_fd=parent)
-    except FileExistsError:  # another instance made it meanwhile
-        pass
-    return _open_subdirectory(parent, name, shown)
-
-
-def _open_subdirectory(parent: int, name: str, shown: str) -> int:
-    try:
-        return os.open(name, _WALK_FLAGS, dir_fd=parent)
-    except NotADirectoryError:
-        info = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    if stat.S_ISLNK(info.st_mode):
-        raise NumaError("refusing the replica directory %s: it is a symbolic link (owner %s), which could point "
-                        "anywhere; set replica_dir to a path without symbolic links" % (shown, _user(info.st_uid)))
-    raise NumaError("the replica directory %s is not a directory; remove it or set replica_dir elsewhere" % shown)
-
-
-def _check_directory(fd: int, shown: str, service_uid: int) -> int:
-    """The service's user, once ``fd`` passed StrictModes' rule: owned by root or that user, and
-    writable by no one else. For root, the first other owner met is the service's user."""
-    info = os.fstat(fd)
-    owner = info.st_uid
-    if service_uid == 0:
-        service_uid = owner
-    if owner not in (0, service_uid):
-        raise NumaError("refusing the replica directory %s: its owner %s is neither root nor the service's user %s; "
-                        "%s" % (shown, _user(owner), _user(service_uid), _DIRECTORY_FIX))
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
-        raise NumaError("refusing the replica directory %s (owner %s, mode %04o): its group or others may write it; "
-                        "%s" % (shown, _user(owner), stat.S_IMODE(info.st_mode), _DIRECTORY_FIX))
-    return service_uid
+def _distrust_error(problem: safe_fs.Distrust) -> NumaError:
+    """StrictModes' refusal: a directory owned by neither root nor the service's user, or that its
+    group or others may write without the sticky bit."""
+    owner = problem.info.st_uid
+    if problem.why == safe_fs.OWNER:
+        return NumaError("refusing the replica directory %s: its owner %s is neither root nor the service's user "
+                         "%s; %s" % (problem.path, _user(owner), _user(problem.owner), _DIRECTORY_FIX))
+    return NumaError("refusing the replica directory %s (owner %s, mode %04o): its group or others may write it; "
+                     "%s" % (problem.path, _user(owner), stat.S_IMODE(problem.info.st_mode), _DIRECTORY_FIX))
 
 
 def _user(uid: int) -> str:
@@ -230,7 +196,7 @@ def _open_model(source: str, service_uid: int) -> Tuple[int, os.stat_result]:
 def _open_for_reading(path: str) -> Tuple[int, int]:
     """(0, the descriptor), or (the errno, -1)."""
     try:
-        return 0, os.open(path, _READ_FLAGS)
+        return 0, os.open(path, READ_FLAGS)
     except OSError as exc:
         return exc.errno, -1
 
@@ -328,7 +294,7 @@ def _refresh(model: int, source: os.stat_result, node: int, target: str) -> bool
 
 def _open_lock(node: int, directory: str) -> int:
     try:
-        lock = os.open(LOCK_NAME, _READ_FLAGS | os.O_CREAT, 0o640, dir_fd=node)
+        lock = os.open(LOCK_NAME, READ_FLAGS | os.O_CREAT, 0o640, dir_fd=node)
     except OSError as exc:
         raise NumaError("cannot open the lock %s/%s: %s; remove it if it is not a regular file, and let the "
                         "service's user write %s" % (directory, LOCK_NAME, exc.strerror, directory)) from None
@@ -368,13 +334,11 @@ def _remove_partials(node: int) -> int:
 
 def _is_partial_name(name: str) -> bool:
     """Whether ``name`` is one _partial_name makes."""
-    token = name[len(PARTIAL_PREFIX):]
-    return (name.startswith(PARTIAL_PREFIX) and len(token) == PARTIAL_TOKEN_LENGTH
-            and all(digit in "0123456789abcdef" for digit in token))
+    return safe_fs.is_temporary_name(name, PARTIAL_PREFIX)
 
 
 def _partial_name() -> str:
-    return PARTIAL_PREFIX + os.urandom(PARTIAL_TOKEN_LENGTH // 2).hex()
+    return safe_fs.temporary_name(PARTIAL_PREFIX)
 
 
 def _is_fresh(node: int, name: str, source: os.stat_result) -> bool:
@@ -397,7 +361,7 @@ def _stamp(source: os.stat_result) -> bytes:
 def _read_stamp(node: int, name: str, expected: os.stat_result) -> bytes:
     """The stamp of the file ``expected`` describes, or b"" (none, or the name now holds another file)."""
     try:
-        fd = os.open(name, _READ_FLAGS, dir_fd=node)
+        fd = os.open(name, READ_FLAGS, dir_fd=node)
     except OSError:
         return b""
     try:
@@ -443,13 +407,12 @@ def _copy(model: int, source: os.stat_result, node: int, target: str, caught: Li
     fd = -1
     partial = None  # type: Optional[str]
     try:
-        fd, partial = _create_partial(node, source)
+        fd, partial = safe_fs.open_temporary(node, _copy_mode(source), PARTIAL_PREFIX, unnamed=True)
         _fill(fd, model, source, caught)
         if partial is None:  # the unnamed file gets a name only now, full and synced
-            partial = _partial_name()
-            os.link("/proc/self/fd/%d" % fd, partial, dst_dir_fd=node)
-        os.rename(partial, os.path.basename(target), src_dir_fd=node, dst_dir_fd=node)
-        partial = None
+            partial = safe_fs.link_temporary(node, fd, PARTIAL_PREFIX)
+        named, partial = partial, None
+        safe_fs.rename_into_place(node, named, os.path.basename(target))  # removes it when that fails
         os.fsync(node)  # the new name survives a crash
     except OSError as exc:
         fix = ("free disk space or set replica_dir elsewhere" if exc.errno in (errno.ENOSPC, errno.EDQUOT)
@@ -459,19 +422,7 @@ def _copy(model: int, source: os.stat_result, node: int, target: str, caught: Li
         if fd >= 0:
             os.close(fd)
         if partial is not None:
-            _remove_quietly(node, partial)
-
-
-def _create_partial(node: int, source: os.stat_result) -> Tuple[int, Optional[str]]:
-    """(a descriptor open for writing, the name it has: None for an O_TMPFILE)."""
-    mode = _copy_mode(source)
-    try:
-        return os.open(".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, mode, dir_fd=node), None
-    except OSError as exc:
-        if exc.errno not in _NO_TMPFILE:
-            raise
-    name = _partial_name()
-    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=node), name
+            safe_fs.remove_quietly(node, partial)
 
 
 def _copy_mode(source: os.stat_result) -> int:
@@ -496,10 +447,3 @@ def _fill(fd: int, model: int, source: os.stat_result, caught: List[int]) -> Non
         if exc.errno != errno.EOPNOTSUPP:  # without user xattrs the copy is never fresh: copied each start
             raise
     os.fsync(fd)
-
-
-def _remove_quietly(node: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=node)
-    except OSError:
-        pass

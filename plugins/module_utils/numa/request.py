@@ -19,8 +19,8 @@ import os
 
 from .cpulist import MAX_CPUS, MAX_NODES, parse_cpulist
 from .engines import ENGINES, GENERIC
-from .errors import NumaError
-from .sizes import MAX_BYTES, decimal_digits, format_size, parse_size, shown
+from .errors import NumaError, shown
+from .sizes import MAX_BYTES, decimal_digits, format_size, parse_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only

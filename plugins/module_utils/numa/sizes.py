@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from .errors import NumaError
+from .errors import NumaError, shown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,8 +28,6 @@ MAX_BYTES = 1 << 64
 # A byte count below MAX_BYTES has 20 digits; as many decimals again cannot change it by a byte,
 # and int() refuses (ValueError) strings past ~4300 digits.
 _MAX_DIGITS = 40
-# How much of a hostile value an error message repeats: it stays one readable line.
-_SHOWN_CHARS = 40
 # What may follow a unit letter: 14G, 14GB, 14Gi, 14GiB.
 _UNIT_TAILS = ("", "ib", "i", "b")
 # A split GGUF's part name ends "-00001-of-00003.gguf".
@@ -62,19 +60,6 @@ def _at_most_max_bytes(num_bytes: int, given: Union[str, int]) -> int:
         raise NumaError("size %s is 16 EiB or more, beyond what a 64-bit machine addresses: give the "
                         "real size, like 14G" % shown(given))
     return num_bytes
-
-
-def shown(value: object) -> str:
-    """``repr(value)`` cut to a readable length: an error message repeats hostile input in one short line.
-
-    An int too long for str() (Python refuses past ~4300 digits) is named by its size instead.
-    """
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return "(a %d-bit number)" % value.bit_length()
-    text = repr(value)
-    if len(text) <= _SHOWN_CHARS:
-        return text
-    return "%s...(%d characters)" % (text[:_SHOWN_CHARS], len(text))
 
 
 def decimal_digits(text: str) -> Optional[Tuple[int, int]]:
@@ -174,3 +159,12 @@ def _file_size(path: str) -> int:
     except OSError as error:
         raise NumaError("cannot size model %s: %s; give an existing file or directory, "
                         "or a size like '14G'" % (path, error.strerror))
+
+
+def finite_number(value: object) -> bool:
+    """An int or float that a bound can be checked against: not NaN, not infinite, not a bool."""
+    # An int is finite however large (math.isfinite() would overflow converting it to float); a float's
+    # difference with itself is 0 unless it is NaN or infinite.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) or value - value == 0

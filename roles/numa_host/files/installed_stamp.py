@@ -5,7 +5,10 @@ alone: a directory on their path that another user may write (owner, or group/ot
 would let that user swap the code, or a stamp, that the role then trusts. Run as
 ``python3 -I installed_stamp.py PACKAGE_DIR LAUNCHER``: prints the stamp, or nothing when none is
 installed yet; exits 1 with one line naming the path, its owner and the fix when a path is not
-root's alone. Standard library only: it runs on the host before the helper is installed.
+root's alone. Standard library only: it runs on the host before the helper is installed, so it
+cannot import the package's safe_fs; it keeps that module's INSTALL_PATH rule itself (root alone
+owns, no group or other write bit, a sticky bit excuses none, every part from / down), and
+tests/unit/test_safe_fs.py holds ``distrust`` to the same verdicts as the rule there.
 """
 import errno
 import os
@@ -14,6 +17,7 @@ import sys
 
 STAMP = ".installed"
 STAMP_MAX_BYTES = 4096
+REFUSED_BITS = stat.S_IWGRP | stat.S_IWOTH
 
 
 def untrusted(path):
@@ -37,10 +41,19 @@ def _untrusted_walk(path):
             info = os.lstat(current)
         except FileNotFoundError:
             return None  # not installed yet: the role creates the rest, owned by root
-        if info.st_uid != 0:
-            return "%s is owned by uid %d" % (current, info.st_uid)
-        if not stat.S_ISLNK(info.st_mode) and info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            return "%s is writable by group or others (mode %04o)" % (current, stat.S_IMODE(info.st_mode))
+        problem = distrust(current, info)
+        if problem:
+            return problem
+    return None
+
+
+def distrust(current, info):
+    """Why the part ``current`` with lstat ``info`` is not root's alone, or None. A link's own mode is
+    always 0777 and means nothing: its target is judged on the realpath walk."""
+    if info.st_uid != 0:
+        return "%s is owned by uid %d" % (current, info.st_uid)
+    if not stat.S_ISLNK(info.st_mode) and info.st_mode & REFUSED_BITS:
+        return "%s is writable by group or others (mode %04o)" % (current, stat.S_IMODE(info.st_mode))
     return None
 
 
