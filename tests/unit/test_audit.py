@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli, judging
+from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli, judging, systemctl
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_audit
 
@@ -461,12 +461,12 @@ def write_cgroup(root, pids_by_dir):
 
 def test_unit_pids_come_from_the_cgroup_and_its_children(tmp_path):
     write_cgroup(tmp_path, {"": [4242], "worker": [4300, 4301]})
-    assert audit.unit_pids(str(tmp_path), props()) == [4242, 4300, 4301]
+    assert systemctl.unit_pids(str(tmp_path), props()) == [4242, 4300, 4301]
 
 
 def test_unit_pids_fall_back_to_main_pid(tmp_path):
-    assert audit.unit_pids(str(tmp_path), props(pid=55)) == [55]
-    assert audit.unit_pids(str(tmp_path), props(pid=0)) == []
+    assert systemctl.unit_pids(str(tmp_path), props(pid=55)) == [55]
+    assert systemctl.unit_pids(str(tmp_path), props(pid=0)) == []
 
 
 def test_unit_audit_waits_for_active_and_settled_memory(tmp_path):
@@ -559,7 +559,7 @@ def test_unknown_unit_fails_at_once(tmp_path):
 
 def test_failing_systemctl_is_reported():
     with pytest.raises(NumaError, match=r"failed \(rc 1\): Failed to connect to bus"):
-        audit.show_unit("x.service", lambda argv: (1, "", "Failed to connect to bus\n"))
+        systemctl.show_unit("x.service", lambda argv: (1, "", "Failed to connect to bus\n"))
 
 
 # --- the module --------------------------------------------------------------------------------------

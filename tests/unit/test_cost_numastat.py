@@ -144,7 +144,7 @@ def test_collect_window_service_share_and_perf_together(tmp_path):
 
 def test_collect_by_unit_uses_the_units_pids_and_starts_perf_on_them(tmp_path, monkeypatch):
     write_host(tmp_path, {0: (1, 0, 0, 0, 1, 0)}, vmstat_text(1, 0, 1, 0))
-    monkeypatch.setattr(numastat.audit, "unit_pids", lambda root, props: [7, 8] if props["MainPID"] == "7" else [])
+    monkeypatch.setattr(numastat.systemctl, "unit_pids", lambda root, props: [7, 8] if props["MainPID"] == "7" else [])
     started = []
 
     def perf_start(pids, window):
@@ -178,6 +178,6 @@ def test_collect_refuses_unknown_pid_and_both_selectors(tmp_path):
 
 
 def test_collect_unit_without_processes_is_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(numastat.audit, "unit_pids", lambda root, props: [])
+    monkeypatch.setattr(numastat.systemctl, "unit_pids", lambda root, props: [])
     with pytest.raises(NumaError, match="no running process"):
         numastat.collect(str(tmp_path), 1.0, unit="dead.service", show_unit=lambda unit: {})

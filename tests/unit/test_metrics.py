@@ -12,7 +12,7 @@ import tempfile
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, kernel, metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel, metrics, systemctl
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
@@ -401,10 +401,10 @@ def test_migrate_pages_of_this_process_to_its_own_node():
 
 def test_show_units_splits_systemctls_blocks():
     run = Systemd({"a@0.service": active(1), "b@1.service": active(2)})
-    shown = audit.show_units(["a@0.service", "b@1.service"], run)
+    shown = systemctl.show_units(["a@0.service", "b@1.service"], run)
     assert shown["b@1.service"]["MainPID"] == "2" and shown["a@0.service"]["Id"] == "a@0.service"
     with pytest.raises(NumaError, match="printed 1 blocks of properties for 2 units"):
-        audit.show_units(["a@0.service", "b@1.service"], lambda argv: (0, "Id=a\nMainPID=1\n", ""))
+        systemctl.show_units(["a@0.service", "b@1.service"], lambda argv: (0, "Id=a\nMainPID=1\n", ""))
 
 
 # --- the command on this host ----------------------------------------------------------------------

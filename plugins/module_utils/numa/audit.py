@@ -42,21 +42,19 @@ plan with no resident pages to judge.
 import json
 import os
 import re
-import subprocess
 import time
 from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from .cpulist import format_cpulist, parse_cpulist
+from . import judging
 from .errors import NumaError, shown
 from .kernel_files import parse_maps, proc_text, read_status
-from . import judging
+from .systemctl import CommandRunner, run_command, show_unit, unit_pids
 from .sizes import finite_number, format_size
 
 KINDS = ("anon", "file", "code")
 ENFORCED_POLICIES = ("bind",)
 INTERLEAVE_POLICIES = ("interleave", "weighted-interleave")
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup")
-CGROUP_ROOTS = ("sys/fs/cgroup", "sys/fs/cgroup/systemd", "sys/fs/cgroup/unified")
 # RSS counts as settled when two samples one poll apart differ by at most this share.
 RSS_SETTLED_SHARE = 0.01
 POLL_SECONDS = 1.0
@@ -74,9 +72,6 @@ _NODE_COUNT = re.compile(r"^N(\d+)=(\d+)$")
 _COUNTER = re.compile(r"^([A-Za-z_]+)=(\d+)$")
 # Words numa_maps prints between the policy and the counters.
 _FLAGS = frozenset(("heap", "stack", "huge"))
-
-# Runs a command: argv -> (exit code, stdout, stderr).
-CommandRunner = Callable[[List[str]], Tuple[int, str, str]]
 
 
 class MapsLine(NamedTuple):
@@ -476,78 +471,6 @@ def audit_pids(root: str, pids: Sequence[int], plan: Optional[Mapping[str, Any]]
             raise NumaError("no process %s under %s: give the PID of a running process" % (pid, os.path.join(root, "proc")))
         processes.append(raw)
     return judge(processes, expectation(plan), min_local_percent, pages, size)
-
-
-def run_command(argv: List[str]) -> Tuple[int, str, str]:
-    """Default runner for systemctl."""
-    try:
-        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False,
-                              universal_newlines=True)
-    except OSError as exc:
-        raise NumaError("cannot run %s: %s; audit a unit only on a host running systemd, or pass PIDs"
-                        % (argv[0], exc.strerror))
-    return done.returncode, done.stdout, done.stderr
-
-
-def show_unit(unit: str, run: CommandRunner) -> Dict[str, str]:
-    """``systemctl show`` properties of a unit (UNIT_PROPERTIES)."""
-    argv = ["systemctl", "show", "--property=" + ",".join(UNIT_PROPERTIES), "--", unit]
-    rc, out, err = run(argv)
-    if rc != 0:
-        raise NumaError("systemctl show %s failed (rc %d): %s" % (unit, rc, (err or out).strip()))
-    return _properties(out.splitlines())
-
-
-def show_units(units: Sequence[str], run: CommandRunner) -> Dict[str, Dict[str, str]]:
-    """``systemctl show`` properties (UNIT_PROPERTIES) of several units in one call: unit -> properties.
-
-    systemctl prints one block per unit, in the order asked, separated by an empty line.
-    """
-    if not units:
-        return {}
-    argv = ["systemctl", "show", "--property=Id," + ",".join(UNIT_PROPERTIES), "--"] + list(units)
-    rc, out, err = run(argv)
-    if rc != 0:
-        raise NumaError("systemctl show %s failed (rc %d): %s" % (" ".join(units), rc, (err or out).strip()))
-    blocks = [_properties(block.splitlines()) for block in out.strip("\n").split("\n\n")]
-    if len(blocks) != len(units):
-        raise NumaError("systemctl show printed %d blocks of properties for %d units: run `systemctl show %s` "
-                        "to see why" % (len(blocks), len(units), " ".join(units)))
-    return dict(zip(units, blocks))
-
-
-def _properties(lines: Sequence[str]) -> Dict[str, str]:
-    props = {}
-    for line in lines:
-        key, sep, value = line.partition("=")
-        if sep:
-            props[key] = value
-    return props
-
-
-def unit_pids(root: str, props: Mapping[str, str]) -> List[int]:
-    """Every PID in the unit's cgroup (child cgroups too); the MainPID when the cgroup is unreadable."""
-    group = props.get("ControlGroup", "").strip("/")
-    if group:
-        for base in CGROUP_ROOTS:
-            top = os.path.join(root, base, group)
-            if os.path.isdir(top):
-                return _cgroup_pids(top)
-    main = int(props.get("MainPID") or 0)
-    return [main] if main > 0 else []
-
-
-def _cgroup_pids(top: str) -> List[int]:
-    pids = set()
-    for directory, dummy, files in os.walk(top):
-        if "cgroup.procs" not in files:
-            continue
-        try:
-            with open(os.path.join(directory, "cgroup.procs"), encoding="ascii") as handle:
-                pids.update(int(line) for line in handle.read().split())
-        except FileNotFoundError:
-            continue
-    return sorted(pids)
 
 
 def _rss_kb(root: str, pid: int) -> Optional[int]:

@@ -8,14 +8,14 @@ placement a deployment would make.
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from . import audit, metrics
+from . import metrics, systemctl
 from .cpulist import format_cpulist
 from .errors import NumaError
 from .service_entry import service_requests
 
 
 def host_page(root: str = "/", plan_dir: Optional[str] = None, services: Sequence[Mapping[str, Any]] = (),
-              run: Optional[audit.CommandRunner] = None) -> Dict[str, Any]:
+              run: Optional[systemctl.CommandRunner] = None) -> Dict[str, Any]:
     """The snapshot, the topology summary and the planned services of the host under ``root``."""
     from .topology import read
 

@@ -37,7 +37,7 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import audit, judging, safe_fs
+from . import audit, judging, safe_fs, systemctl
 from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
 from .errors import NumaError, shown
 
@@ -78,7 +78,7 @@ Record = Callable[[Mapping[str, Dict[str, Any]]], Any]
 # --- reading --------------------------------------------------------------------------------------
 
 
-def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[audit.CommandRunner] = None,
+def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[systemctl.CommandRunner] = None,
             topology: Optional[Dict[str, Any]] = None, page_size: Optional[int] = None,
             clock: Callable[[], float] = time.time) -> Snapshot:
     """The host's NUMA state and every recorded instance's locality, as one dict (see render)."""
@@ -90,7 +90,7 @@ def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[audit.Comma
         topology = read(root)
     host = _host(root, topology, warnings)
     records = read_records(plan_dir, warnings)
-    instances = _instances(root, records, run or audit.run_command, page_size, began, warnings)
+    instances = _instances(root, records, run or systemctl.run_command, page_size, began, warnings)
     return {"root": root, "plan_dir": plan_dir, "host": host, "instances": instances, "warnings": warnings,
             "timestamp_seconds": round(began, 3), "duration_seconds": round(max(clock() - began, 0.0), 6)}
 
@@ -282,12 +282,12 @@ def read_trusted_json(dir_fd: int, name: str, path: str, fix: str = REDEPLOY) ->
     return value, info.st_mtime
 
 
-def _instances(root: str, records: List[Dict[str, Any]], run: audit.CommandRunner, page_size: Optional[int],
+def _instances(root: str, records: List[Dict[str, Any]], run: systemctl.CommandRunner, page_size: Optional[int],
                now: float, warnings: List[str]) -> List[Dict[str, Any]]:
     if not records:
         return []
     try:
-        shown = audit.show_units([record["unit"] for record in records], run)
+        shown = systemctl.show_units([record["unit"] for record in records], run)
     except NumaError as exc:
         warnings.append(str(exc))
         shown = {}
@@ -589,7 +589,7 @@ def _is_state_entry(entry: Any) -> bool:
                for action, count in entry["counts"].items())
 
 
-def act_on_drift(snapshot: Snapshot, state_dir: str, interval: float, now: float, run: audit.CommandRunner,
+def act_on_drift(snapshot: Snapshot, state_dir: str, interval: float, now: float, run: systemctl.CommandRunner,
                  migrate: Optional[Migrate] = None) -> Tuple[List[str], Dict[str, Dict[str, Any]]]:
     """The timer's drift step: drift_actions with the state of ``state_dir``, each action written there before
     it is taken. State that cannot be read or trusted is a warning of the snapshot and no action.
@@ -605,7 +605,7 @@ def act_on_drift(snapshot: Snapshot, state_dir: str, interval: float, now: float
 
 
 def drift_actions(instances: Sequence[Mapping[str, Any]], actions: Dict[str, Dict[str, Any]], interval: float,
-                  now: float, run: audit.CommandRunner, migrate: Optional[Migrate] = None,
+                  now: float, run: systemctl.CommandRunner, migrate: Optional[Migrate] = None,
                   act: bool = True, record: Optional[Record] = None) -> Tuple[List[str], bool]:
     """Journal lines for every drifted instance; with ``act``, the on_drift action of each that opted in
     and last acted more than ``interval`` seconds ago, counted in ``actions``. The counts are handed to
@@ -662,7 +662,7 @@ def _recorded(record: Optional[Record], marked: Mapping[str, Dict[str, Any]]) ->
     return ""
 
 
-def _act(entry: Mapping[str, Any], action: str, run: audit.CommandRunner, migrate: Optional[Migrate]) -> str:
+def _act(entry: Mapping[str, Any], action: str, run: systemctl.CommandRunner, migrate: Optional[Migrate]) -> str:
     unit = entry["unit"]
     if action == "restart":
         rc, out, err = run(["systemctl", "restart", "--", unit])

@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from . import audit
+from . import audit, systemctl
 from .errors import NumaError
 from .kernel_files import NODE_DIR, node_ids, read_counter_file, read_vmstat
 
@@ -174,7 +174,7 @@ def service_share(root: str, pids: Sequence[int], plan: Optional[Mapping[str, An
 
 
 def _show_unit(unit: str) -> Dict[str, str]:
-    return audit.show_unit(unit, audit.run_command)
+    return systemctl.show_unit(unit, systemctl.run_command)
 
 
 def service_pids(root: str, pids: Optional[Sequence[int]], unit: Optional[str],
@@ -183,7 +183,7 @@ def service_pids(root: str, pids: Optional[Sequence[int]], unit: Optional[str],
     if pids and unit:
         raise NumaError("name the service by pids or by unit, not both")
     if unit:
-        found = audit.unit_pids(root, show_unit(unit))
+        found = systemctl.unit_pids(root, show_unit(unit))
         if not found:
             raise NumaError("unit %s has no running process: start it, or pass its PIDs" % unit)
         return found
