@@ -11,7 +11,7 @@ build/matrix/ (a new pin or another Python makes a new one); then pytest runs ev
 runs Ansible (it imports ansible, tests.ansible_compat or calls tests.tools.ansible_command: the
 module tests, the ad hoc numa_facts/numa_plan runs, the role's planning and unit rendering, the
 filter docs, the README's commands and playbooks, the built and installed tarball). The rest of the suite
-never imports Ansible; the unit phase runs it, and the conformance corpus, on the pinned core.
+never imports Ansible; the phases of the kinds of tests run it, and the conformance corpus, on the pinned core.
 
 Python stdlib only: phases.py runs it with the interpreter that runs `make test`.
 """
@@ -47,6 +47,8 @@ CORES = (
 USES_ANSIBLE = re.compile(r"^\s*(?:from|import) ansible\b|from tests\.ansible_compat |ansible_command\(|"
                           r"\bfrom ansible\.\w", re.MULTILINE)
 TEST_TOOLS = ("pytest", "hypothesis")
+# The folders of tests/ by kind (phases.py runs each as a phase of its own).
+KINDS = ("unit", "integration", "docs", "tooling")
 
 
 class MatrixError(Exception):
@@ -56,23 +58,26 @@ class MatrixError(Exception):
 # --- what runs ------------------------------------------------------------------------------
 
 def ansible_test_files(repo: Path = REPO) -> List[str]:
-    """Test modules under tests/unit that run Ansible, by their source, or import one that does.
+    """Test modules of every kind (tests/unit, integration, docs, tooling) that run Ansible, by their source, or
+    import one that does.
 
     Not tests/conformance: its one Ansible test reads 28 unpacked dumps with the same module code (~100 s a
-    core), where the ad hoc runs of test_facts_plan_modules already show that the core runs the module."""
+    core), where the ad hoc runs of test_facts_plan_modules_processes already show that the core runs the module."""
     sources = {}
-    for path in sorted(glob.glob(str(repo / "tests" / "unit" / "test_*.py"))):
-        with open(path, encoding="utf-8") as handle:
-            sources[Path(path).stem] = (os.path.relpath(path, str(repo)), handle.read())
+    for kind in KINDS:
+        for path in sorted(glob.glob(str(repo / "tests" / kind / "test_*.py"))):
+            with open(path, encoding="utf-8") as handle:
+                sources["%s.%s" % (kind, Path(path).stem)] = (os.path.relpath(path, str(repo)), handle.read())
     chosen = {name for name, (_, text) in sources.items() if USES_ANSIBLE.search(text)}
-    imports = {name: set(re.findall(r"^from tests\.unit\.(test_\w+) import", text, re.MULTILINE))
+    imports = {name: {"%s.%s" % found for found in re.findall(r"^from tests\.(\w+)\.(test_\w+) import", text,
+                                                              re.MULTILINE)}
                for name, (_, text) in sources.items()}
     grown = True
     while grown:
         more = {name for name, imported in imports.items() if imported & chosen} - chosen
         chosen |= more
         grown = bool(more)
-    return [sources[name][0] for name in sorted(chosen)]
+    return sorted(sources[name][0] for name in chosen)
 
 
 def floor(runtime_text: str) -> str:

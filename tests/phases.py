@@ -4,12 +4,24 @@
     apt ──┬── image ─────────────┐      (background: the lab guest's disk, cached by recipe)
           ├── llama-server ──────┤      (background: compiled once, cached by recipe)
           └── venv ──────────────┴── molecule            (foreground: the lab, the longest phase)
-                 └── unit ── lint ── sanity ── matrix    (background, niced: they fill the spare core)
+                 └── unit ── docs ── tooling ── integration ── lint ── sanity ── matrix
+                                                 (background, niced, one after another: they fill the spare core)
 
 The molecule lab is a chain of steps that each wait on the emulated guest, so it sets the pace; it
 starts as soon as the guest image and llama-server are there, and the Python checks run beside the
-builds and the lab at a lower priority, so they never slow it down. matrix (tests/matrix.py) runs the
-tests that run Ansible on the oldest and the newest ansible-core the collection supports.
+builds and the lab at a lower priority, so they never slow it down. The pytest phases are the kinds of
+tests, each a folder of tests/: unit (pure: no subprocess, no Ansible run, no network; `make unit` runs it
+alone), docs (the README and docs/), tooling (the project's own: matrix, phases, the lab VM, the collection
+build, the execution environment, the import layers), integration (ansible-playbook, modules and numa-pin
+run as processes, systemd-analyze, promtool, compilers; with tests/conformance, the captured machines).
+matrix (tests/matrix.py) runs the tests that run Ansible on the oldest and the newest ansible-core the
+collection supports.
+
+Every pytest phase runs its tests in a shuffled order (modules, and the tests in each: tests/conftest.py's
+--shuffle), one seed for the whole run, printed first and in the summary: `INFEROPS_NUMA_SHUFFLE=SEED make
+test` replays it. The phases set INFEROPS_NUMA_REQUIRE_TOOLS=1: a tool or fixture this run installs (the apt
+packages, the venv's commands, ../shared/fixtures) that is missing fails its test instead of skipping it
+(tests/tools.py), and the table counts each phase's skips from pytest's summary line.
 
 Each phase writes build/logs/<phase>.log; foreground phases also print to the console. A failed
 phase does not stop the phases that do not need it, so one run reports every failure. The run
@@ -21,6 +33,7 @@ Python stdlib only: it runs before the venv exists.
 """
 
 import os
+import random
 import re
 import subprocess
 import sys
@@ -37,6 +50,11 @@ CHECKS_NICENESS = 10
 LOG_COLUMNS = 200
 HEARTBEAT_SECONDS = 10.0
 HEARTBEAT_LINE = 110
+# The folders of tests/ each pytest phase runs, in the order they run (tests/matrix.py's KINDS).
+PYTEST_PHASES = (("unit", ("tests/unit",)), ("docs", ("tests/docs",)), ("tooling", ("tests/tooling",)),
+                 ("integration", ("tests/integration", "tests/conformance")))
+SHUFFLE_ENV = "INFEROPS_NUMA_SHUFFLE"
+REQUIRE_TOOLS_ENV = "INFEROPS_NUMA_REQUIRE_TOOLS"
 
 
 class Phase:
@@ -50,6 +68,7 @@ class Phase:
         self.started: Optional[float] = None
         self.ended: Optional[float] = None
         self.status = "not run"
+        self.skipped: Optional[int] = None  # tests pytest skipped, from its summary line (None: no pytest there)
         self.log = LOGS / ("%s.log" % name)
 
     @property
@@ -59,17 +78,32 @@ class Phase:
         return (self.ended or time.monotonic()) - self.started
 
 
-def phases() -> List[Phase]:
+def shuffle_seed(environ: Dict[str, str]) -> int:
+    """The seed of this run's test order: $INFEROPS_NUMA_SHUFFLE to replay one, else a new one."""
+    given = environ.get(SHUFFLE_ENV, "").strip()
+    if given:
+        try:
+            return int(given)
+        except ValueError:
+            raise SystemExit("%s=%r: give the integer seed a run printed" % (SHUFFLE_ENV, given))
+    return random.SystemRandom().randrange(1, 10 ** 6)
+
+
+def phases(seed: int = 0) -> List[Phase]:
     make = ["make", "--no-print-directory"]
+    pytest = [str(VENV_BIN / "pytest"), "-q", "-p", "no:cacheprovider", "--shuffle=%d" % seed]
+    checks: List[Phase] = []
+    for name, folders in PYTEST_PHASES:
+        checks.append(Phase(name, pytest + list(folders), ["venv"], background=True,
+                            after=[checks[-1].name] if checks else [], nice=CHECKS_NICENESS))
     return [
         Phase("apt", make + ["apt"]),
         Phase("image", [sys.executable, "lab/labvm.py", "image"], ["apt"], background=True),
         Phase("llama-server", ["bash", "lab/llama/build_server.sh"], ["apt"], background=True),
         Phase("venv", make + ["lab-venv"], ["apt"]),
-        Phase("unit", [str(VENV_BIN / "pytest"), "-q", "-p", "no:cacheprovider", "tests"], ["venv"],
-              background=True, nice=CHECKS_NICENESS),
+    ] + checks + [
         Phase("lint", [str(VENV_BIN / "ansible-lint"), "--profile", "production"], ["venv"],
-              background=True, after=["unit"], nice=CHECKS_NICENESS),
+              background=True, after=[checks[-1].name], nice=CHECKS_NICENESS),
         Phase("sanity", ["tests/sanity.sh"], ["venv"], background=True, after=["lint"], nice=CHECKS_NICENESS),
         Phase("matrix", [sys.executable, "tests/matrix.py"], ["venv"], background=True, after=["sanity"],
               nice=CHECKS_NICENESS),
@@ -86,6 +120,8 @@ def phase_environment(base: Dict[str, str]) -> Dict[str, str]:
     env["PATH"] = os.pathsep.join([str(VENV_BIN)] + [part for part in env.get("PATH", "").split(os.pathsep)
                                                     if part and part != str(VENV_BIN)])
     env["VIRTUAL_ENV"] = str(VENV_BIN.parent)
+    # Every tool and fixture the tests use is installed by now: a missing one fails its test (tests/tools.py).
+    env[REQUIRE_TOOLS_ENV] = "1"
     # molecule boxes and wraps its tools' output at the console width, 80 on a pipe: a failing test's
     # id would be cut over several lines of the log.
     env.setdefault("COLUMNS", str(LOG_COLUMNS))
@@ -127,7 +163,9 @@ def run(phase: Phase, console: Console) -> None:
             code = _tee(phase.argv, log, console)
     phase.ended = time.monotonic()
     phase.status = "ok" if code == 0 else "FAILED (exit %d)" % code
-    console.say("== %s: %s after %s" % (phase.name, phase.status, clock(phase.seconds)))
+    phase.skipped = pytest_skips(phase.log.read_text(errors="replace"))
+    skips = "" if phase.skipped is None else ", %d skipped" % phase.skipped
+    console.say("== %s: %s after %s%s" % (phase.name, phase.status, clock(phase.seconds), skips))
 
 
 def _tee(argv: List[str], log, console: Console) -> int:
@@ -220,16 +258,33 @@ def _rel(path: Path) -> str:
 
 
 def table(all_phases: List[Phase], origin: float) -> str:
-    rows = [("phase", "started", "wall", "result")]
+    rows = [("phase", "started", "wall", "skipped", "result")]
     for phase in all_phases:
         began = "-" if phase.started is None else clock(phase.started - origin)
         wall = "-" if phase.started is None else clock(phase.seconds)
+        skipped = "-" if phase.skipped is None else str(phase.skipped)
         note = phase.status + (" (background)" if phase.background and phase.started else "")
-        rows.append((phase.name, began, wall, note))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = ["  ".join([row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]), row[3]])
+        rows.append((phase.name, began, wall, skipped, note))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join([row[0].ljust(widths[0]), row[1].rjust(widths[1]), row[2].rjust(widths[2]),
+                        row[3].rjust(widths[3]), row[4]])
              for row in rows]
     return "\n".join(lines)
+
+
+# pytest's closing line, -q or not: "1491 passed, 27 skipped in 366.43s (0:06:06)", "=== 3 failed in 1.2s ===".
+_PYTEST_SUMMARY = re.compile(r"^[=\s]*((?:\d+ [a-z]+)(?:, \d+ [a-z]+)*|no tests ran) in \d+(?:\.\d+)?s\b")
+
+
+def pytest_skips(log_text: str) -> Optional[int]:
+    """The tests skipped in a log's pytest runs (the matrix has one per core); None when pytest did not finish."""
+    counts = []
+    for line in _unwrapped(_TERMINAL_CODES.sub("", log_text).splitlines()):
+        match = _PYTEST_SUMMARY.match(line)
+        if match:
+            found = re.search(r"(\d+) skipped", match.group(1))
+            counts.append(int(found.group(1)) if found else 0)
+    return sum(counts) if counts else None
 
 
 # pytest's short summary, Ansible's failed tasks, ansible-lint's and ansible-test's findings.
@@ -290,12 +345,14 @@ def failing_checks(log_text: str, limit: int = 10) -> List[str]:
     return [tail[-1].strip()] if tail else ["(empty log)"]
 
 
-def report(all_phases: List[Phase], origin: float) -> int:
+def report(all_phases: List[Phase], origin: float, seed: Optional[int] = None) -> int:
     total = time.monotonic() - origin
     text = table(all_phases, origin)
     failed = [phase for phase in all_phases if phase.status != "ok"]
     summary = "make test: %s in all, %s" % (
         clock(total), "every phase ok" if not failed else "%d phase(s) not ok" % len(failed))
+    if seed is not None:
+        summary += "; tests shuffled with seed %d (replay: %s=%d make test)" % (seed, SHUFFLE_ENV, seed)
     LOGS.mkdir(parents=True, exist_ok=True)
     (LOGS / "phases.txt").write_text(text + "\n" + summary + "\n")
     print("\n" + text + "\n" + summary)
@@ -310,12 +367,15 @@ def report(all_phases: List[Phase], origin: float) -> int:
 
 def main() -> int:
     origin = time.monotonic()
-    all_phases = phases()
+    seed = shuffle_seed(dict(os.environ))
+    print("== tests shuffled with seed %d (replay: %s=%d make test)" % (seed, SHUFFLE_ENV, seed), flush=True)
+    os.environ[SHUFFLE_ENV] = str(seed)  # the matrix's pytest runs take the same order
+    all_phases = phases(seed)
     try:
         schedule(all_phases)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
-    return report(all_phases, origin)
+    return report(all_phases, origin, seed)
 
 
 if __name__ == "__main__":

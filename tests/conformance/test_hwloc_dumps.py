@@ -24,13 +24,13 @@ import pytest
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import PlacementError, Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
-from tests.tools import ansible_command
+from tests.tools import ansible_command, needs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")
 TARBALLS = sorted(glob.glob(os.path.join(DUMPS, "*.tar.bz2")))
 
-pytestmark = pytest.mark.skipif(not TARBALLS, reason="../shared/fixtures/hwloc-linux not present (plain clone)")
+pytestmark = needs(not TARBALLS, "../shared/fixtures/hwloc-linux not present (plain clone)")
 
 
 @pytest.fixture(scope="session")
@@ -126,7 +126,7 @@ def test_dump_pci_devices_match_raw_classes(dump_roots, name):
 LSTOPO = shutil.which("lstopo-no-graphics")
 
 
-@pytest.mark.skipif(LSTOPO is None, reason="lstopo-no-graphics (Debian package hwloc) not installed")
+@needs(LSTOPO is None, "lstopo-no-graphics (Debian package hwloc) not installed")
 @pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
 def test_dump_agrees_with_hwloc(dump_roots, name):
     root = dump_roots[name]

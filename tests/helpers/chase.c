@@ -6,7 +6,7 @@
  * steps timed in stretches of CHUNK steps. Prints the fastest stretch and the
  * median stretch in ns per step: "fastest_ns median_ns".
  *
- * Usage: chase BYTES STEPS CHUNK      (compiled by tests/unit/test_cost_c_reference.py)
+ * Usage: chase BYTES STEPS CHUNK      (compiled by tests/integration/test_cost_c_reference.py)
  */
 #define _GNU_SOURCE
 #include <stdint.h>

@@ -1,7 +1,7 @@
 """numa-pin facts as a process of its own on corrupted roots: facts and one-line warnings, never a traceback.
 
 The in-process fuzz of the reader and the planner, and the mutations used here, are in
-tests/unit/test_fuzz_reader.py; these cases start ``python -m numa`` as the installed launcher does.
+tests/conformance/test_fuzz_reader.py; these cases start ``python -m numa`` as the installed launcher does.
 """
 
 import json
@@ -13,7 +13,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from tests.unit.test_fuzz_reader import (DUMPS, MACHINES, NODE_DIR, SEED, check_facts, escaping_symlink, fifo, huge,
+from tests.conformance.test_fuzz_reader import (DUMPS, MACHINES, NODE_DIR, SEED, check_facts, escaping_symlink, fifo, huge,
                                          machines)  # noqa: F401 - machines: the fixture, used by name
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -7,6 +7,8 @@ import errno
 import io
 import json
 import os
+import shutil
+import tempfile
 import types
 
 import pytest
@@ -224,12 +226,17 @@ def test_a_directory_above_it_that_others_control_gives_no_records(host, spoil):
     assert "\n" not in warning
 
 
-def test_a_plan_directory_under_tmp_is_refused(host, tmp_path):  # noqa: F811
-    plans = tmp_path / "plans"
-    plans.mkdir(mode=0o755)
-    os.chmod(str(tmp_path), 0o755)
-    write_json(str(plans / "llama@1.plan.json"), BIND1)
-    snap = metrics.collect(host[0], str(plans), host[2], page_size=PAGE)
+def test_a_plan_directory_under_tmp_is_refused(host):  # noqa: F811
+    # Under /tmp itself: tmp_path may be elsewhere (tests/conftest.py puts it in RAM when it can).
+    scratch = tempfile.mkdtemp(prefix="inferops-numa-test-", dir="/tmp")
+    try:
+        plans = os.path.join(scratch, "plans")
+        os.mkdir(plans, 0o755)
+        os.chmod(scratch, 0o755)
+        write_json(os.path.join(plans, "llama@1.plan.json"), BIND1)
+        snap = metrics.collect(host[0], plans, host[2], page_size=PAGE)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     assert units(snap) == [] and "refusing the plan directory" in snap["warnings"][0]
     assert "/tmp above it (mode 1777)" in snap["warnings"][0]
 

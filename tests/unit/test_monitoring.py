@@ -4,14 +4,12 @@ every metric they and the dashboard query is one numa-pin metrics writes."""
 import json
 import os
 import re
-import subprocess
 
 import pytest
 import yaml
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import metrics
 
-from tests.unit.test_metrics import promtool
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MONITORING = os.path.join(REPO, "monitoring")
@@ -31,21 +29,6 @@ def written_names():
     snapshot = {"host": {"numa_balancing": 0, "node_count": 1, "nodes": [node]}, "instances": [instance],
                 "warnings": [], "timestamp_seconds": 1.0, "duration_seconds": 0.1}
     return set(re.findall(r"^# TYPE (\S+) ", metrics.render(snapshot), re.MULTILINE))
-
-
-def promtool_run(*args):
-    done = subprocess.run([promtool()] + list(args), cwd=MONITORING, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, timeout=120, check=False)
-    assert done.returncode == 0, done.stdout
-    return done.stdout
-
-
-def test_promtool_checks_the_rules():
-    assert "SUCCESS: 4 rules found" in promtool_run("check", "rules", RULES)
-
-
-def test_each_alert_fires_on_what_should_fire_it():
-    assert "SUCCESS" in promtool_run("test", "rules", "inferops_numa_rules_test.yml")
 
 
 def dashboard_exprs():

@@ -1,21 +1,17 @@
 """replica.py: per-node copies of a model, on this host's disk, and numa-pin exec using them."""
 import errno
-import json
 import os
 import signal
 import stat
-import subprocess
-import sys
 import threading
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache, replica
+from ansible_collections.inferops.numa.plugins.module_utils.numa import replica
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
-from tests.unit.test_cli import PACKAGE_PARENT, numa_pin
-from tests.unit.test_pagecache import disk_dir, fincore_pages, write_file  # noqa: F401  (disk_dir: a fixture)
+from tests.unit.test_pagecache import disk_dir, write_file  # noqa: F401  (disk_dir: a fixture)
 
 SIZE = 1 << 20
 
@@ -49,12 +45,6 @@ def test_a_fresh_copy_is_kept_and_a_changed_model_is_copied_again(model, disk_di
     again, copied = replica.ensure_replica(model, root, [0])
     assert (again, copied) == (first, True)
     assert read_bytes(again) == read_bytes(model)
-
-
-def test_the_copy_is_cached_on_the_plan_node_and_the_source_pages_are_dropped(model, disk_dir):  # noqa: F811
-    copy, _ = replica.ensure_replica(model, os.path.join(disk_dir, "replicas"), [0])
-    assert fincore_pages(model) == 0
-    assert pagecache.file_residency(copy)["nodes"] == {"0": SIZE // pagecache.PAGE}
 
 
 def test_instances_of_one_node_copy_once(model, disk_dir):  # noqa: F811
@@ -106,30 +96,6 @@ def test_the_server_arguments_name_the_copy():
         "llama-server", "--model", "/r/node1/x-model.gguf", "--lora=/r/node1/x-model.gguf", "/m/model.gguf.bak"]
     with pytest.raises(NumaError, match="no server argument is the model path /m/other.gguf"):
         replica.point_at_replicas(argv, {"/m/other.gguf": "/r/node1/y-other.gguf"})
-
-
-def show_argv_and_note(model, replica_dir, *server_args):
-    result = numa_pin("exec", "--node", "0", "--gpus", "none", "--model", model, "--page-cache", "replicate",
-                      "--replica-dir", replica_dir, "--", sys.executable, "-c",
-                      "import json, sys; print(json.dumps(sys.argv[1:]))", *server_args)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout), result.stderr
-
-
-def test_exec_starts_the_server_on_the_copy(model, disk_dir):  # noqa: F811
-    root = os.path.join(disk_dir, "replicas")
-    argv, note = show_argv_and_note(model, root, "--model", model)
-    copy = replica.replica_path(root, model, [0])
-    assert argv == ["--model", copy]
-    assert "copied the model to %s" % copy in note
-    argv, note = show_argv_and_note(model, root, "--model", model)
-    assert argv == ["--model", copy] and "the model's copy is %s" % copy in note
-
-
-def test_exec_falls_back_to_the_shared_model_and_says_why(model, disk_dir):  # noqa: F811
-    argv, note = show_argv_and_note(model, os.path.join(disk_dir, "replicas"), "--model", "./elsewhere.gguf")
-    assert argv == ["--model", "./elsewhere.gguf"]
-    assert "NOT replicated, the server maps the shared model: page_cache replicate: no server argument" in note
 
 
 # --- a copy no one else can steer ---------------------------------------------------------------------------------
@@ -340,45 +306,9 @@ replica.ensure_replica(model, root, [0])
 """
 
 
-def start_slow_copy(model, root, naming):
-    child = subprocess.Popen([sys.executable, "-c", SLOW_COPY, model, root, naming], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=PACKAGE_PARENT))
-    assert child.stdout.readline() == "copying\n", child.communicate(timeout=30)[1]
-    return child
-
-
 def partial_copies(pid, node):
     """The partial copies in ``node``: the named ones, and the unnamed (O_TMPFILE) ones process ``pid`` has open."""
     named = [name for name in os.listdir(node) if replica._is_partial_name(name)]
     fds = os.path.join("/proc", str(pid), "fd")
     links = [os.readlink(os.path.join(fds, fd)) for fd in os.listdir(fds)]
     return named + [link for link in links if link.startswith(os.path.join(node, "#"))]
-
-
-@pytest.mark.parametrize("signum, naming", [(signal.SIGTERM, "unnamed"), (signal.SIGTERM, "named"),
-                                            (signal.SIGINT, "named")])
-def test_a_stop_signal_during_the_copy_removes_the_partial_copy_then_takes_effect(model, disk_dir,  # noqa: F811
-                                                                                 signum, naming):
-    root = os.path.join(disk_dir, "replicas")
-    child = start_slow_copy(model, root, naming)
-    node = os.path.join(root, "node0")
-    assert len(partial_copies(child.pid, node)) == 1
-    child.send_signal(signum)
-    child.communicate(timeout=30)
-    assert child.returncode == -signum
-    assert os.listdir(node) == [replica.LOCK_NAME]
-
-
-@pytest.mark.parametrize("naming", ["unnamed", "named"])
-def test_after_a_kill_the_next_start_finds_no_partial_copy(model, disk_dir, naming):  # noqa: F811
-    if naming == "unnamed" and not tmpfile_supported(disk_dir):
-        pytest.skip("the file system of %s has no O_TMPFILE" % disk_dir)
-    root = os.path.join(disk_dir, "replicas")
-    child = start_slow_copy(model, root, naming)
-    child.kill()
-    child.communicate(timeout=30)
-    node = os.path.join(root, "node0")
-    left = [name for name in os.listdir(node) if replica._is_partial_name(name)]
-    assert len(left) == (1 if naming == "named" else 0)
-    copy, copied = replica.ensure_replica(model, root, [0])
-    assert copied and sorted(os.listdir(node)) == sorted([replica.LOCK_NAME, os.path.basename(copy)])

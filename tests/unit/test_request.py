@@ -3,29 +3,26 @@
 numa-pin's flags, numa_plan's argument spec and a unit's ExecStart= flags are built
 from the table, and are checked here through their own parsers. The role's
 meta/argument_specs.yml, vars and tasks, and numa_plan's DOCUMENTATION, are text
-written for people: these tests fail when that text and the table disagree. The
-last test runs the role's planning tasks with ansible-playbook and checks that
-numa_plan plans what numa-pin would plan from the unit's flags.
+written for people: these tests fail when that text and the table disagree.
+tests/integration/test_request_processes.py runs the role's planning tasks with
+ansible-playbook and checks that numa_plan plans what numa-pin would plan from the
+unit's flags.
 """
 
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.doc_fragments import host_root
 from ansible_collections.inferops.numa.plugins.modules import numa_plan
 
-from tests.fixtures import sysfs
-from tests.tools import ansible_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(REPO, "roles", "inference_service")
@@ -167,8 +164,10 @@ def test_replicate_with_a_model_and_other_page_cache_actions_without_one_pass():
 # --- what is written for people --------------------------------------------------------------------------
 
 def test_numa_plan_documentation_is_its_argument_spec():
-    documented = yaml.safe_load(numa_plan.DOCUMENTATION)["options"]
-    assert list(documented) == list(numa_plan.ARGUMENT_SPEC)
+    # root is documented once for every module, in the host_root fragment.
+    documented = dict(yaml.safe_load(numa_plan.DOCUMENTATION)["options"],
+                      **yaml.safe_load(host_root.ModuleDocFragment.DOCUMENTATION)["options"])
+    assert sorted(documented) == sorted(numa_plan.ARGUMENT_SPEC)
     for name, spec in numa_plan.ARGUMENT_SPEC.items():
         assert _typing(documented[name]) == _typing(spec), name
 
@@ -177,17 +176,6 @@ def test_role_argument_specs_spell_the_request_like_the_table():
     entry = _role_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]["inference_service_list"]
     expected = dict(_role_spelling(option) for option in request.OPTIONS if option.name not in ROLE_COMPUTED)
     assert {name: _typing(entry["options"].get(name, {})) for name in expected} == expected
-
-
-def test_role_entries_get_the_argument_specs_defaults_and_leave_request_defaults_to_the_planner(role_plans):
-    """vars/main.yml reads the entry defaults from meta/argument_specs.yml, the one place they are written."""
-    spec = _role_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]["inference_service_list"]
-    written = {name: option.get("default") for name, option in spec["options"].items() if not option.get("required")}
-    defaults = role_plans[2]
-    assert defaults == written
-    assert defaults["layout"] == "single" and defaults["min_local_percent"] == 99
-    names = _role_request_names()
-    assert {name: defaults.get(name, "missing") for name in names} == dict.fromkeys(names)
 
 
 def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option():
@@ -229,89 +217,3 @@ def test_the_systemd_numa_minimum_is_one_number():
 
 
 # --- the role's planning tasks, run by Ansible --------------------------------------------------------------
-
-PLANNING_TASKS = ("Build the placement request of each instance", "Check the layout fits this host",
-                  "Note the instance count and the request", "Plan each instance")
-PLAN_PLAYBOOK = """\
-- name: Plan each case as the inference_service role does
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  module_defaults:
-    inferops.numa.numa_plan:
-      root: "{{ root }}"
-  tasks:
-    - name: Read the captured host
-      inferops.numa.numa_facts:
-        root: "{{ root }}"
-    - name: Plan every case
-      ansible.builtin.include_tasks: case.yml
-      loop: "{{ cases }}"
-      loop_control:
-        loop_var: _case
-    - name: Keep what the role asked and numa_plan answered, and the entry defaults the role read
-      ansible.builtin.copy:
-        content: "{{ {'planned': planned, 'entry_defaults': inference_service_entry_defaults} | to_json }}"
-        dest: "{{ out }}"
-        mode: "0644"
-"""
-
-
-def _case_tasks():
-    """The role's own planning tasks between a set_fact that resolves the entry and one that keeps the outcome."""
-    resolve = {"name": "Resolve the entry", "ansible.builtin.set_fact": {
-        "_inference_service_cfg": "{{ inference_service_entry_defaults | combine(_case) }}",
-        "_inference_service_unit": "{{ _case.name }}"}}
-    keep = {"name": "Keep the outcome", "ansible.builtin.set_fact": {
-        "planned": "{{ planned | default([]) + [{'request': _inference_service_request, "
-                   "'plans': _inference_service_plans.results | map(attribute='plan') | list}] }}"}}
-    return [resolve] + [_service_task(name) for name in PLANNING_TASKS] + [keep]
-
-
-@pytest.fixture(scope="module")
-def role_plans(tmp_path_factory):
-    """[(entry, the role's request, [numa_plan's plan per instance])] from one ansible-playbook run, the root, and
-    the role's entry defaults (vars/main.yml) as Ansible evaluated them."""
-    work = tmp_path_factory.mktemp("role_plans")
-    root = sysfs.dual_socket_gpus().write(str(work / "root"))
-    model = work / "model.gguf"
-    model.write_bytes(b"\1" * 3 * 1024 * 1024)
-    cases = [
-        {"name": "single", "model_path": str(model)},
-        {"name": "nodes", "layout": "per_node", "policy": "bind", "smt": False, "reserve_cpus": "0",
-         "memory_headroom": "0", "on_unfit": "fail", "port_base": 8080, "scope": "node", "model_path": str(model),
-         "model_size": 5000000},
-        {"name": "gpus", "layout": "per_gpu", "model_size": "1G"},
-        {"name": "pinned", "node": 1, "gpus": "none", "page_cache": "replicate", "replica_dir": "/srv/replicas",
-         "model_path": str(model)},
-    ]
-    (work / "case.yml").write_text(yaml.safe_dump(_case_tasks()))
-    (work / "plan.yml").write_text(PLAN_PLAYBOOK)
-    out = work / "planned.json"
-    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, out=str(out), role_path=ROLE,
-                     inference_service_defaults={}, inference_service_plan_dir=str(work / "plans"))
-    (work / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    done = subprocess.run([ansible_command("ansible-playbook"), "-i", "localhost,", str(work / "plan.yml"),
-                           "-e", "@" + str(work / "vars.json"), "-e", "ansible_python_interpreter=" + sys.executable],
-                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, check=False)
-    assert done.returncode == 0 and out.exists(), done.stdout
-    assert "[WARNING]" not in done.stdout, done.stdout
-    written = json.loads(out.read_text())
-    return ([(case, outcome["request"], outcome["plans"]) for case, outcome in zip(cases, written["planned"])], root,
-            written["entry_defaults"])
-
-
-def test_the_role_plans_each_instance_as_numa_pin_will_from_the_units_flags(role_plans):
-    outcomes, root, _ = role_plans
-    topology = read(root)
-    for case, role_request, plans in outcomes:
-        assert set(role_request) == set(request.BY_NAME) - {"instance"}, case["name"]
-        assert len(plans) == role_request["instances"], case["name"]
-        for instance, deployed in enumerate(plans):
-            # What the unit's ExecStart= hands numa-pin exec for this instance.
-            argv = ["exec", "--instance", str(instance)] + systemd.request_flags(role_request) + ["--", "server"]
-            args, _ = cli._parse(argv)
-            at_start = plan(topology, request.build_request(vars(args))).to_dict()
-            assert deployed == json.loads(json.dumps(at_start)), (case["name"], instance)

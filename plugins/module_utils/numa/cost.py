@@ -520,7 +520,7 @@ def method_text(big: int, small: int, options: CostOptions, results: Dict[Pair, 
         "latency_error": ("reads low: latency_ns is raw_ns minus the interpreter's cost per step (overhead_ns), "
                           "and that subtraction also removes one L1 hit per step and the part of the "
                           "interpreter's work the CPU overlaps with the miss; a C chase of the same buffer has "
-                          "neither error (tests/unit/test_cost_c_reference.py compares the two); %s; remote/local "
+                          "neither error (tests/integration/test_cost_c_reference.py compares the two); %s; remote/local "
                           "ratios lie between the raw_ns ratio and the latency_ns ratio; %s"
                           % (_subtracted(results), _page_note(thp))),
         "bandwidth": ("memmove between the halves of the bound %s buffer; GB/s = (bytes read + bytes written) / "

@@ -149,3 +149,70 @@ def test_the_heartbeat_shows_a_logs_last_line_without_terminal_codes_and_cut(log
 def test_make_test_runs_the_ansible_core_matrix_after_sanity():
     matrix = next(phase for phase in phases.phases() if phase.name == "matrix")
     assert matrix.background and matrix.after == ["sanity"] and "tests/matrix.py" in matrix.argv
+
+
+def test_each_kind_of_tests_is_a_phase_of_its_own_one_after_another_shuffled_by_one_seed():
+    plan = {phase.name: phase for phase in phases.phases(seed=4242)}
+    kinds = [name for name, _ in phases.PYTEST_PHASES]
+    assert kinds == ["unit", "docs", "tooling", "integration"]
+    folders = [folder for _, paths in phases.PYTEST_PHASES for folder in paths]
+    assert sorted(folders) == ["tests/conformance", "tests/docs", "tests/integration", "tests/tooling", "tests/unit"]
+    for before, name in zip([None] + kinds, kinds):
+        phase = plan[name]
+        assert phase.background and phase.needs == ["venv"] and phase.after == ([before] if before else [])
+        assert "--shuffle=4242" in phase.argv and phase.argv[0] == "nice"
+    assert plan["lint"].after == ["integration"]
+
+
+def test_the_seed_is_new_each_run_unless_one_is_given_to_replay(monkeypatch):
+    assert phases.shuffle_seed({"INFEROPS_NUMA_SHUFFLE": "31337"}) == 31337
+    assert 1 <= phases.shuffle_seed({}) < 10 ** 6
+    with pytest.raises(SystemExit, match="INFEROPS_NUMA_SHUFFLE"):
+        phases.shuffle_seed({"INFEROPS_NUMA_SHUFFLE": "soon"})
+
+
+def test_phases_require_the_tools_make_test_installs():
+    assert phases.phase_environment({"PATH": "/usr/bin"})["INFEROPS_NUMA_REQUIRE_TOOLS"] == "1"
+
+
+@pytest.mark.parametrize("log, skipped", [
+    ("....s\n1491 passed, 27 skipped in 366.43s (0:06:06)\n", 27),
+    ("=== 3 failed, 2 passed, 1 skipped, 4 warnings in 1.20s ===\n", 1),
+    ("12 passed in 0.50s\n", 0),
+    # the matrix: one run per core, added up
+    ("matrix: oldest\n430 passed, 2 skipped in 60.1s\nmatrix: newest\n431 passed, 3 skipped in 58.0s\n", 5),
+    # molecule's box around testinfra's summary
+    ("  \u2502 =========== 1 failed, 31 passed, 2 skipped in 598.71s (0:09:58)\n", 2),
+    ("no tests ran in 0.01s\n", 0),
+    ("ansible-lint: Passed: 0 failure(s), 0 warning(s) on 90 files.\n", None),
+    ("interrupted before the summary: 3 skipped so far\n", None),
+])
+def test_the_skips_of_a_phase_come_from_pytests_summary_line(log, skipped):
+    assert phases.pytest_skips(log) == skipped
+
+
+def test_the_table_counts_each_phases_skips(logs):
+    unit = phases.Phase("unit", ["true"])
+    unit.started, unit.ended, unit.status, unit.skipped = 0.0, 30.0, "ok", 3
+    lint = phases.Phase("lint", ["true"])
+    lint.started, lint.ended, lint.status = 30.0, 60.0, "ok"
+    rows = phases.table([unit, lint], origin=0.0).splitlines()
+    assert rows[0].split() == ["phase", "started", "wall", "skipped", "result"]
+    assert rows[1].split() == ["unit", "0:00", "0:30", "3", "ok"]
+    assert rows[2].split() == ["lint", "0:30", "0:30", "-", "ok"]
+
+
+def test_a_phase_says_how_many_tests_it_skipped_when_it_ends(logs, capsys):
+    script = "print('1 passed, 2 skipped in 0.01s')"
+    phase = phases.Phase("docs", [sys.executable, "-c", script], background=True)
+    phase.log = logs / "docs.log"
+    phases.schedule([phase])
+    assert phase.skipped == 2
+    assert "== docs: ok after 0:00, 2 skipped" in capsys.readouterr().out
+
+
+def test_the_summary_gives_the_seed_to_replay_the_order(logs, capsys):
+    done = phases.Phase("unit", ["true"])
+    done.started, done.ended, done.status = 0.0, 1.0, "ok"
+    assert phases.report([done], origin=0.0, seed=777) == 0
+    assert "tests shuffled with seed 777 (replay: INFEROPS_NUMA_SHUFFLE=777 make test)" in capsys.readouterr().out

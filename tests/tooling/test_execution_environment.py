@@ -11,6 +11,8 @@ import tarfile
 import pytest
 import yaml
 
+from tests.tools import missing
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -18,7 +20,7 @@ def _tool(name):
     beside = os.path.join(os.path.dirname(sys.executable), name)
     found = beside if os.access(beside, os.X_OK) else shutil.which(name)
     if found is None:
-        pytest.skip("%s is not installed: pip install -r requirements.txt" % name)
+        missing("%s is not installed: pip install -r requirements.txt" % name)
     return found
 
 

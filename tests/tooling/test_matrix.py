@@ -40,24 +40,32 @@ def test_the_test_tools_are_the_unit_phases_pins():
 
 def test_every_test_module_that_runs_ansible_is_chosen_and_no_other(tmp_path):
     unit = tmp_path / "tests" / "unit"
-    unit.mkdir(parents=True)
+    integration = tmp_path / "tests" / "integration"
+    conformance = tmp_path / "tests" / "conformance"
+    for folder in (unit, integration, tmp_path / "tests" / "docs", tmp_path / "tests" / "tooling", conformance):
+        folder.mkdir(parents=True)
     (unit / "test_module.py").write_text("from tests.ansible_compat import patch_module_args\n")
-    (unit / "test_adhoc.py").write_text("x = ansible_command('ansible')\n")
+    (integration / "test_adhoc.py").write_text("x = ansible_command('ansible')\n")
     (unit / "test_core.py").write_text("from ansible.module_utils.basic import AnsibleModule\n")
-    (unit / "test_reuse.py").write_text("from tests.unit.test_adhoc import helper\n")
-    (unit / "test_reuse_again.py").write_text("from tests.unit.test_reuse import other\n")
+    (unit / "test_reuse.py").write_text("from tests.integration.test_adhoc import helper\n")
+    (tmp_path / "tests" / "docs" / "test_reuse_again.py").write_text("from tests.unit.test_reuse import other\n")
     (unit / "test_pure.py").write_text("from ansible_collections.inferops.numa.plugins.module_utils.numa import x\n"
                                        "# runs no ansible-playbook\n")
-    assert matrix.ansible_test_files(tmp_path) == ["tests/unit/" + name for name in (
-        "test_adhoc.py", "test_core.py", "test_module.py", "test_reuse.py", "test_reuse_again.py")]
+    (tmp_path / "tests" / "tooling" / "test_same_name.py").write_text("from tests.unit.test_pure import x\n")
+    (conformance / "test_corpus.py").write_text("x = ansible_command('ansible-playbook')\n")
+    assert matrix.ansible_test_files(tmp_path) == [
+        "tests/docs/test_reuse_again.py", "tests/integration/test_adhoc.py", "tests/unit/test_core.py",
+        "tests/unit/test_module.py", "tests/unit/test_reuse.py"]
 
 
 def test_the_real_selection_holds_the_module_role_and_docs_tests_but_not_the_planner_properties():
     chosen = matrix.ansible_test_files()
-    for name in ("test_facts_plan_modules", "test_request", "test_units", "test_unit_roundtrip", "test_docs",
-                 "test_readme"):
-        assert "tests/unit/%s.py" % name in chosen, name
+    for path in ("unit/test_facts_plan_modules", "integration/test_facts_plan_modules_processes",
+                 "integration/test_units_processes", "integration/test_unit_roundtrip", "docs/test_docs",
+                 "docs/test_readme", "integration/test_request_processes", "tooling/test_collection_build"):
+        assert "tests/%s.py" % path in chosen, path
     assert "tests/unit/test_placement_properties.py" not in chosen
+    assert not [path for path in chosen if path.startswith("tests/conformance/")]
 
 
 def test_a_pyenv_shim_is_never_taken_for_a_python(monkeypatch, tmp_path):

@@ -19,7 +19,8 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa import replica
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 
 from tests.unit.test_pagecache import write_file
-from tests.unit.test_replica import SIZE, read_bytes, show_argv_and_note, start_slow_copy, statvfs_with_free
+from tests.integration.test_replica_processes import show_argv_and_note, start_slow_copy
+from tests.unit.test_replica import SIZE, read_bytes, statvfs_with_free
 
 NOBODY = 65534
 

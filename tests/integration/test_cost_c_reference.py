@@ -12,6 +12,8 @@ import subprocess
 
 import pytest
 
+from tests.tools import needs
+
 from ansible_collections.inferops.numa.plugins.module_utils.numa import cost, topology
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", "chase.c")
@@ -20,7 +22,7 @@ TOLERANCE = 0.30
 ATTEMPTS = 3
 STEPS = 1000000
 
-pytestmark = pytest.mark.skipif(COMPILER is None, reason="no C compiler (cc, gcc or clang) to build the reference")
+pytestmark = needs(COMPILER is None, "no C compiler (cc, gcc or clang) to build the reference")
 
 
 @pytest.fixture(scope="module")

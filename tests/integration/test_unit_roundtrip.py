@@ -31,7 +31,9 @@ from hypothesis import strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 
-from tests.unit.test_units import DROPIN, PLAN_NODE1, case, render_cases
+from tests.integration.test_units_processes import render_cases
+from tests.tools import needs
+from tests.unit.test_units import DROPIN, PLAN_NODE1, case
 
 ANALYZE = shutil.which("systemd-analyze")
 MANAGER = next((path for path in ("/usr/lib/systemd/systemd", "/lib/systemd/systemd") if os.access(path, os.X_OK)),
@@ -50,8 +52,7 @@ def _unprivileged_account():
 
 MANAGER_USER = _unprivileged_account()
 pytestmark = [
-    pytest.mark.skipif(ANALYZE is None or MANAGER is None,
-                       reason="systemd is not installed (no systemd-analyze or manager binary)"),
+    needs(ANALYZE is None or MANAGER is None, "systemd is not installed (no systemd-analyze or manager binary)"),
     pytest.mark.skipif(MANAGER_USER is None, reason="running as root, with no user nobody to run systemd --test as"),
 ]
 

@@ -17,7 +17,7 @@ import tarfile
 import pytest
 import yaml
 
-from tests.tools import ansible_command
+from tests.tools import ansible_command, missing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED_DIRS = ("plugins/", "roles/", "playbooks/", "docs/", "meta/", "monitoring/", "inventory/example/")
@@ -146,7 +146,7 @@ def test_the_changelog_is_what_antsibull_changelog_makes_of_its_fragments(tmp_pa
     """CHANGELOG.md is generated: a change is a fragment in changelogs/fragments/, released into changelog.yaml."""
     tool = os.path.join(os.path.dirname(ansible_command("ansible")), "antsibull-changelog")
     if not os.access(tool, os.X_OK):
-        pytest.skip("antsibull-changelog is not installed beside this interpreter: pip install -r requirements.txt")
+        missing("antsibull-changelog is not installed beside this interpreter: pip install -r requirements.txt")
     for name in ("galaxy.yml", "CHANGELOG.md"):
         shutil.copy(os.path.join(REPO, name), str(tmp_path))
     shutil.copytree(os.path.join(REPO, "changelogs"), str(tmp_path / "changelogs"))
