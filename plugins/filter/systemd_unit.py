@@ -4,7 +4,7 @@
 """Filters that write values into systemd units safely, map a Plan to unit settings, and hand a
 placement request to numa-pin (flags) or numa_plan (arguments), and build a service's requests.
 
-Thin: the rules live in ``module_utils/numa/systemd.py``, ``request.py`` and ``service_entry.py`` (tested there); these
+Thin: the rules live in ``module_utils/numa/unit_text.py``, ``request.py`` and ``service_entry.py`` (tested there); these
 wrappers only turn their NumaError into AnsibleFilterError so a bad variable
 fails the task with the message that names the fix.
 """
@@ -15,7 +15,7 @@ import functools
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import request, systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import request, unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import conflicting_flags
 from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
@@ -42,7 +42,7 @@ def _server_command(argv, plan):
 
 
 def _settings(plan, systemd_version):
-    return [list(pair) for pair in systemd.numa_settings(plan, int(systemd_version))]
+    return [list(pair) for pair in unit_text.numa_settings(plan, int(systemd_version))]
 
 
 class FilterModule:
@@ -50,21 +50,21 @@ class FilterModule:
 
     def filters(self):
         return {
-            "systemd_exec": _filter(systemd.exec_line),
-            "systemd_args": _filter(systemd.exec_args),
-            "systemd_command_args": _filter(systemd.command_args),
-            "systemd_value": _filter(systemd.setting_value),
-            "systemd_account": _filter(systemd.account_name),
-            "systemd_extra_value": _filter(systemd.extra_setting_value),
-            "systemd_path": _filter(systemd.path_value),
-            "systemd_environment": _filter(systemd.environment_lines),
-            "systemd_setting_name": _filter(systemd.setting_name),
-            "systemd_unit_prefix": _filter(systemd.unit_prefix),
-            "systemd_version": _filter(systemd.parse_systemd_version),
-            "numa_pin_flags": _filter(systemd.request_flags),
+            "systemd_exec": _filter(unit_text.exec_line),
+            "systemd_args": _filter(unit_text.exec_args),
+            "systemd_command_args": _filter(unit_text.command_args),
+            "systemd_value": _filter(unit_text.setting_value),
+            "systemd_account": _filter(unit_text.account_name),
+            "systemd_extra_value": _filter(unit_text.extra_setting_value),
+            "systemd_path": _filter(unit_text.path_value),
+            "systemd_environment": _filter(unit_text.environment_lines),
+            "systemd_setting_name": _filter(unit_text.setting_name),
+            "systemd_unit_prefix": _filter(unit_text.unit_prefix),
+            "systemd_version": _filter(unit_text.parse_systemd_version),
+            "numa_pin_flags": _filter(unit_text.request_flags),
             "numa_plan_args": _filter(request.module_args),
             "numa_service_requests": service_requests,
             "numa_server_command": _filter(_server_command),
-            "numa_plan_record": _filter(systemd.plan_record),
+            "numa_plan_record": _filter(unit_text.plan_record),
             "numa_systemd_settings": _filter(_settings),
         }

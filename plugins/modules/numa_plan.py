@@ -285,7 +285,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.request import argument_spec, build_request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.systemd import plan_record, record_is_current
+from ansible_collections.inferops.numa.plugins.module_utils.numa.unit_text import plan_record, record_is_current
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
 # The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above

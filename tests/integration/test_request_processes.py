@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
 
@@ -101,7 +101,7 @@ def test_the_role_plans_each_instance_as_numa_pin_will_from_the_units_flags(role
         assert len(plans) == role_request["instances"], case["name"]
         for instance, deployed in enumerate(plans):
             # What the unit's ExecStart= hands numa-pin exec for this instance.
-            argv = ["exec", "--instance", str(instance)] + systemd.request_flags(role_request) + ["--", "server"]
+            argv = ["exec", "--instance", str(instance)] + unit_text.request_flags(role_request) + ["--", "server"]
             args, _ = cli._parse(argv)
             at_start = plan(topology, request.build_request(vars(args))).to_dict()
             assert deployed == json.loads(json.dumps(at_start)), (case["name"], instance)

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import unit_text
 
 from tests.tools import ansible_command, needs
 from tests.unit.test_units import (ANALYZE, HOSTILE, RENDER_CASE, RENDER_PLAYBOOK, REPO, TEMPLATES, cases, one,
@@ -247,9 +247,9 @@ def test_systemd_refuses_an_instance_without_its_placement(tmp_path, rendered):
 def test_systemd_parses_a_line_of_random_hostile_words(tmp_path):
     words = ["/bin/echo"] + HOSTILE + [chr(c) for c in range(1, 128) if chr(c) not in "\n\r"]
     unit = tmp_path / "hostile.service"
-    unit.write_text("[Service]\nExecStart=%s\n" % systemd.exec_line(words))
+    unit.write_text("[Service]\nExecStart=%s\n" % unit_text.exec_line(words))
     assert verify(str(unit)) == (0, "")
-    assert split_exec(systemd.exec_line(words)) == words
+    assert split_exec(unit_text.exec_line(words)) == words
 
 
 @needs_systemd

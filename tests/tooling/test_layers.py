@@ -52,7 +52,7 @@ def test_the_import_reader_sees_relative_absolute_and_lazy_imports():
     assert {"errors", "request", "tokens", "placement", "audit", "cli_cost"} <= imported_package_modules(
         os.path.join(PACKAGE, "cli.py"), in_package=True)
     assert imported_package_modules(os.path.join(REPO, "plugins", "modules", "numa_plan.py"), in_package=False) == {
-        "errors", "placement", "request", "systemd", "topology"}
+        "errors", "placement", "request", "topology", "unit_text"}
 
 
 @pytest.mark.parametrize("module", CORE)
@@ -97,7 +97,7 @@ def test_numa_plan_ships_only_what_it_uses():
     shipped = {name[len(prefix):-3] for name in done.stdout.split() if name.startswith(prefix)}
     # kernel: the reader's openat2 under a root (numa_plan's root option)
     assert shipped == {"__init__", "cpulist", "engines", "errors", "gpu_vendors", "kernel", "kernel_files", "placement",
-                       "request", "sizes", "systemd", "topology"}
+                       "request", "sizes", "topology", "unit_text"}
 
 
 def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
@@ -110,4 +110,4 @@ def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
     assert "cannot exec '/nonexistent/server'" in done.stderr, done.stderr
     imported = set(re.findall(r"\|\s+numa\.(\w+)\s*$", done.stderr, re.MULTILINE))
     assert {"cli", "request", "placement", "kernel"} <= imported
-    assert imported & {"cost", "cli_cost", "audit", "numastat", "systemd", "balancing"} == set()
+    assert imported & {"cost", "cli_cost", "audit", "numastat", "unit_text", "balancing"} == set()

@@ -9,7 +9,7 @@ import os
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
@@ -93,7 +93,7 @@ def test_the_quick_parser_takes_every_flag_a_unit_writes():
              "instance": 1, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate", "replica_dir": "/var/x",
              "port_base": 8080, "anchors": "0,1", "engine": "sglang"}
     assert set(every) == set(request.BY_NAME)
-    flags = systemd.request_flags({name: value for name, value in every.items() if name != "model"})
+    flags = unit_text.request_flags({name: value for name, value in every.items() if name != "model"})
     for path in every["model"]:
         flags += ["--model", path]
     own = ["exec"] + flags + ["--best-effort"]

@@ -16,7 +16,7 @@ import re
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
@@ -94,7 +94,7 @@ def test_numa_pin_takes_exactly_the_tables_choices(option):
 @pytest.mark.parametrize("smt", [False, True])
 def test_unit_flags_read_back_by_numa_pin_exec_are_the_request(smt):
     wanted = dict(EVERY_OPTION, smt=smt)
-    flags = systemd.request_flags(wanted)
+    flags = unit_text.request_flags(wanted)
     args, server = cli._parse(["exec"] + flags + ["--", "/usr/bin/server"])
     assert server == ["/usr/bin/server"]
     assert {name: getattr(args, name) for name in request.BY_NAME} == dict(wanted, model=[wanted["model"]])
@@ -207,7 +207,7 @@ def test_placement_docs_give_the_planners_defaults_and_choices():
 
 
 def test_the_systemd_numa_minimum_is_one_number():
-    minimum = systemd.SYSTEMD_NUMA_MIN_VERSION
+    minimum = unit_text.SYSTEMD_NUMA_MIN_VERSION
     assert _role_yaml("vars", "main.yml")["inference_service_systemd_numa_min_version"] == minimum
     with open(os.path.join(ROLE, "tasks", "service.yml")) as handle:
         assert str(minimum) not in handle.read()

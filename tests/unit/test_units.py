@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import systemd
+from ansible_collections.inferops.numa.plugins.module_utils.numa import unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
 
@@ -226,31 +226,31 @@ ARG = st.text(alphabet=st.characters(blacklist_characters="\n\r\x00", blacklist_
 @given(st.lists(ARG, max_size=8))
 @settings(max_examples=300, deadline=None)
 def test_any_argv_without_newlines_round_trips(args):
-    assert split_exec(systemd.exec_line(["/bin/echo"] + args)) == ["/bin/echo"] + args
+    assert split_exec(unit_text.exec_line(["/bin/echo"] + args)) == ["/bin/echo"] + args
 
 
 def test_safe_words_stay_bare_and_others_are_quoted():
-    assert systemd.exec_line(["/usr/bin/x", "--port=8080", "{threads}", "a b", "50%", "$X"]) == \
+    assert unit_text.exec_line(["/usr/bin/x", "--port=8080", "{threads}", "a b", "50%", "$X"]) == \
         '/usr/bin/x --port=8080 {threads} "a b" 50%% "$$X"'
 
 
 @pytest.mark.parametrize("argv", [[], "x", ["x\ny"], ["+/bin/x"], [""], [1]])
 def test_bad_commands_are_refused(argv):
     with pytest.raises(NumaError):
-        systemd.exec_line(argv)
+        unit_text.exec_line(argv)
 
 
 def test_the_executable_path_is_written_exactly():
     # systemd does not expand "$" in the path it executes, but does in argv[0]: "@" names both.
-    assert systemd.exec_line(["/opt/a$b/50%/x", "$y"]) == '"@/opt/a$b/50%%/x" "/opt/a$$b/50%%/x" "$$y"'
-    assert systemd.exec_line(["llama-server"]) == "llama-server"  # looked up by systemd
+    assert unit_text.exec_line(["/opt/a$b/50%/x", "$y"]) == '"@/opt/a$b/50%%/x" "/opt/a$$b/50%%/x" "$$y"'
+    assert unit_text.exec_line(["llama-server"]) == "llama-server"  # looked up by systemd
     # As an argument of numa-pin exec, the server's path is a word like any other.
-    assert systemd.command_args(["/opt/a$b/x", "-t"]) == '"/opt/a$$b/x" -t'
+    assert unit_text.command_args(["/opt/a$b/x", "-t"]) == '"/opt/a$$b/x" -t'
 
 
 @pytest.mark.parametrize("executable", ["/opt/it's/x", '/a"b', "/a\\b", "/a\tb", "/a\x7fb", "/opt/bin/", "bin/x",
                                         "..", "-/bin/x", "", "x\n"])
-@pytest.mark.parametrize("render", [systemd.exec_line, systemd.command_args])
+@pytest.mark.parametrize("render", [unit_text.exec_line, unit_text.command_args])
 def test_executables_systemd_would_refuse_or_misread_are_refused(render, executable):
     with pytest.raises(NumaError, match="executable|command"):
         render([executable, "arg"])
@@ -259,7 +259,7 @@ def test_executables_systemd_would_refuse_or_misread_are_refused(render, executa
 @pytest.mark.parametrize("value, written", [
     ("100% llama", "100%% llama"), ("a \\\\", "a \\\\"), ("tab in", "tab in"), (8, "8"), ("ü", "ü")])
 def test_setting_values_read_back_as_written(value, written):
-    assert systemd.setting_value(value, "description") == written
+    assert unit_text.setting_value(value, "description") == written
 
 
 @pytest.mark.parametrize("value, cause", [
@@ -269,35 +269,35 @@ def test_setting_values_read_back_as_written(value, written):
 ])
 def test_setting_values_systemd_would_misread_are_refused(value, cause):
     with pytest.raises(NumaError, match=cause):
-        systemd.setting_value(value, "description")
+        unit_text.setting_value(value, "description")
     with pytest.raises(NumaError, match=cause):
-        systemd.extra_setting_value(value, "PAMName")
+        unit_text.extra_setting_value(value, "PAMName")
 
 
 @pytest.mark.parametrize("name", ["llama", "_svc-1", "a.b", "a b", "a@b", "0", "1000", 1000, "4294967294", "x%%y"])
 def test_accounts_systemd_applies_are_written(name):
-    assert systemd.account_name(name) == str(name).replace("%", "%%")
+    assert unit_text.account_name(name) == str(name).replace("%", "%%")
 
 
 @pytest.mark.parametrize("name", ["", "a:b", "a/b", ".", "..", "-1", "007", "65535", "4294967295", "99999999999",
                                   "svc\\", " svc", "a\tb"])
 def test_accounts_systemd_would_ignore_are_refused(name):
     with pytest.raises(NumaError, match="user"):
-        systemd.account_name(name, "user")
+        unit_text.account_name(name, "user")
 
 
 def test_extra_settings_keep_a_final_percent_and_refuse_others():
-    assert systemd.extra_setting_value("50%", "CPUQuota") == "50%"
-    assert systemd.extra_setting_value("infinity", "LimitMEMLOCK") == "infinity"
+    assert unit_text.extra_setting_value("50%", "CPUQuota") == "50%"
+    assert unit_text.extra_setting_value("infinity", "LimitMEMLOCK") == "infinity"
     for value in ("%i", "a%%b", "100%%"):
         with pytest.raises(NumaError, match="specifier"):
-            systemd.extra_setting_value(value, "SyslogIdentifier")
+            unit_text.extra_setting_value(value, "SyslogIdentifier")
 
 
 def test_request_lists_become_what_numa_pin_takes():
-    assert systemd.request_flags({"gpus": ["0000:81:00.0", "0000:c1:00.0"], "model": ["/a b", "/c,d"]}) == [
+    assert unit_text.request_flags({"gpus": ["0000:81:00.0", "0000:c1:00.0"], "model": ["/a b", "/c,d"]}) == [
         "--gpus", "0000:81:00.0,0000:c1:00.0", "--model", "/a b", "--model", "/c,d"]
-    assert systemd.request_flags({"model": "/srv/m.gguf", "gpus": 2}) == ["--gpus", "2", "--model", "/srv/m.gguf"]
+    assert unit_text.request_flags({"model": "/srv/m.gguf", "gpus": 2}) == ["--gpus", "2", "--model", "/srv/m.gguf"]
 
 
 @pytest.mark.parametrize("request_, cause", [
@@ -307,16 +307,16 @@ def test_request_lists_become_what_numa_pin_takes():
 ])
 def test_request_values_numa_pin_would_misread_are_refused(request_, cause):
     with pytest.raises(NumaError, match=cause):
-        systemd.request_flags(request_)
+        unit_text.request_flags(request_)
 
 
 def test_request_flags_follow_the_cli_contract():
-    assert systemd.request_flags({"instances": 2, "smt": False, "reserve_cpus": "0-1", "gpus": 1, "policy": None,
+    assert unit_text.request_flags({"instances": 2, "smt": False, "reserve_cpus": "0-1", "gpus": 1, "policy": None,
                                   "port_base": 8080, "page_cache": "evict", "on_unfit": "fail"}) == [
         "--gpus", "1", "--no-smt", "--reserve-cpus", "0-1", "--instances", "2", "--on-unfit", "fail",
         "--page-cache", "evict", "--port-base", "8080"]
     with pytest.raises(NumaError, match="unknown placement option"):
-        systemd.request_flags({"threads": 4})
+        unit_text.request_flags({"threads": 4})
 
 
 def test_tokens_are_replaced_exactly():
@@ -326,47 +326,47 @@ def test_tokens_are_replaced_exactly():
 
 
 def test_plan_record_drops_what_moves_between_runs():
-    record = systemd.plan_record(PLAN_NODE1)
+    record = unit_text.plan_record(PLAN_NODE1)
     assert "available_bytes" not in record and "reasons" not in record
     assert record["cpulist"] == "28-31" and record["port"] == 8081 and record["node"] == 1
     spread_from_0 = dict(PLAN_NODE1, policy="interleave", mem_nodes=[0, 1], node=0)
     spread_from_1 = dict(spread_from_0, node=1)
-    assert systemd.plan_record(spread_from_0) == systemd.plan_record(spread_from_1)
+    assert unit_text.plan_record(spread_from_0) == unit_text.plan_record(spread_from_1)
 
 
 def test_a_record_is_current_only_when_root_wrote_exactly_it(tmp_path):
-    record = systemd.plan_record(PLAN_NODE1)
+    record = unit_text.plan_record(PLAN_NODE1)
     path = tmp_path / "llama@1.plan.json"
-    assert not systemd.record_is_current(str(path), record)  # missing
+    assert not unit_text.record_is_current(str(path), record)  # missing
     path.write_text(json.dumps(record, indent=4) + "\n")
     os.chmod(str(path), 0o644)
     if os.geteuid() == 0:
-        assert systemd.record_is_current(str(path), record)  # formatting does not matter, content does
-    assert not systemd.record_is_current(str(path), dict(record, cpulist="0-3"))
+        assert unit_text.record_is_current(str(path), record)  # formatting does not matter, content does
+    assert not unit_text.record_is_current(str(path), dict(record, cpulist="0-3"))
     os.chmod(str(path), 0o666)
-    assert not systemd.record_is_current(str(path), record)  # writable by others: rewrite it
+    assert not unit_text.record_is_current(str(path), record)  # writable by others: rewrite it
     os.chmod(str(path), 0o644)
     link = tmp_path / "link.plan.json"
     link.symlink_to(path)
-    assert not systemd.record_is_current(str(link), record)
+    assert not unit_text.record_is_current(str(link), record)
     path.write_text("{not json")
-    assert not systemd.record_is_current(str(path), record)
-    assert not systemd.record_is_current(str(tmp_path), record)  # a directory
+    assert not unit_text.record_is_current(str(path), record)
+    assert not unit_text.record_is_current(str(tmp_path), record)  # a directory
 
 
 def test_systemd_version_is_read_from_systemctl():
-    assert systemd.parse_systemd_version("systemd 252 (252.39-1~deb12u2)\n+PAM +AUDIT") == 252
+    assert unit_text.parse_systemd_version("systemd 252 (252.39-1~deb12u2)\n+PAM +AUDIT") == 252
     with pytest.raises(NumaError, match="cannot read the systemd version"):
-        systemd.parse_systemd_version("bash: systemctl: command not found")
+        unit_text.parse_systemd_version("bash: systemctl: command not found")
 
 
 def test_preferred_on_several_nodes_needs_the_wrapper():
     with pytest.raises(NumaError, match="use pin_mode wrapper"):
-        systemd.numa_settings({"policy": "preferred", "mem_nodes": [0, 1], "cpulist": "0-3"}, 252)
+        unit_text.numa_settings({"policy": "preferred", "mem_nodes": [0, 1], "cpulist": "0-3"}, 252)
 
 
 def test_service_names_must_make_unit_names():
-    assert systemd.unit_prefix("llama-3.1_70b") == "llama-3.1_70b"
+    assert unit_text.unit_prefix("llama-3.1_70b") == "llama-3.1_70b"
     for bad in ("a@b", "two words", "", "x/y", "llama:7b", ".", ".."):
         with pytest.raises(NumaError):
-            systemd.unit_prefix(bad)
+            unit_text.unit_prefix(bad)

@@ -57,7 +57,7 @@ MAX_JSON_BYTES = 1 << 20
 PLAN_SUFFIX = ".plan.json"
 # Every name a record could have, read for the unit it would name: svc@1 and svc@01 both name svc@1.service.
 _RECORD_NAME = re.compile(r"(.*)@([0-9]+)\.plan\.json", re.DOTALL)
-# The names the inference_service role writes: systemd.unit_prefix's service names, less a leading '-'
+# The names the inference_service role writes: unit_text.unit_prefix's service names, less a leading '-'
 # (systemctl would read the unit as an option), and an index in canonical decimal, so that a unit has
 # one record name and a restart names only <service>@<index>.service of validated parts.
 _SERVICE = re.compile(r"(?!\.\.?$)(?!-)[A-Za-z0-9_.-]{1,200}")

@@ -3,7 +3,7 @@
 ``OPTIONS`` is the only place an option's name, type, default and choices are
 written. Built from it: ``numa-pin explain``/``exec``'s flags (cli.py), numa_plan's
 argument spec (``argument_spec``), the flags a unit's ``ExecStart=`` hands to
-``numa-pin exec`` (systemd.py), and ``Request``, the checked request the planner
+``numa-pin exec`` (unit_text.py), and ``Request``, the checked request the planner
 (placement.py) takes: its fields, defaults and choices, and the validators that bound
 every value before the planner loops over it. The role's ``meta/argument_specs.yml``, numa_plan's DOCUMENTATION
 and docs/placement.md are text for people; tests/unit/test_request.py holds them to it.

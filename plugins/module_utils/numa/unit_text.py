@@ -1,4 +1,4 @@
-"""Turn a service definition and a Plan into systemd unit settings, safely.
+"""Unit-file text: a service definition and a Plan turned into systemd unit settings, safely.
 
 A unit file is parsed by systemd in three passes that each give characters a
 meaning: specifier expansion (``%i``, on the whole line), word splitting with
