@@ -24,7 +24,7 @@ import time
 from timing import PACKAGE_PARENT, install_helper, report, time_command
 
 sys.path.insert(0, PACKAGE_PARENT)
-from numa import pagecache  # noqa: E402  (the package is found through PACKAGE_PARENT)
+from numa.act import pagecache  # noqa: E402  (the package is found through PACKAGE_PARENT)
 
 GOAL_MS = 25.0
 CHUNK = 8 << 20

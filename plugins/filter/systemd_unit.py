@@ -4,9 +4,9 @@
 """Filters that write values into systemd units safely, map a Plan to unit settings, and hand a
 placement request to numa-pin (flags) or numa_plan (arguments), and build a service's requests.
 
-Thin: the rules live in ``module_utils/numa/unit_text.py``, ``request.py`` and ``service_entry.py`` (tested there); these
-wrappers only turn their NumaError into AnsibleFilterError so a bad variable
-fails the task with the message that names the fix.
+Thin: the rules live in ``module_utils/numa/act/unit_text.py``, ``inputs/request.py`` and
+``inputs/service_entry.py`` (tested there); these wrappers only turn their NumaError into
+AnsibleFilterError so a bad variable fails the task with the message that names the fix.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import functools
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import request, unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import conflicting_flags
-from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import server_command
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import conflicting_flags
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.service_entry import service_requests
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
 
 
 def _filter(func):

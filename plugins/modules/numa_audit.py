@@ -317,10 +317,10 @@ min_local_percent:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import judging
-from ansible_collections.inferops.numa.plugins.module_utils.numa.audit import (UnitAudit, audit_pids, audit_unit,
-                                                                               audit_units, load_plan)
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import (
+    UnitAudit, audit_pids, audit_unit, audit_units, load_plan)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 
 def _given_plan(module: AnsibleModule):

@@ -223,8 +223,8 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "default": "disabled", "choices": ["disabled", "enabled", "tiering", "raw"]},

@@ -314,9 +314,9 @@ elapsed_seconds:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cost import (
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.cost import (
     DEFAULT_CHASE_STEPS, DEFAULT_MAX_SECONDS, DEFAULT_REPEATS, DEFAULT_ROUNDS, CostOptions, run)
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 ARGUMENT_SPEC = {
     "max_seconds": {"type": "float", "default": DEFAULT_MAX_SECONDS},

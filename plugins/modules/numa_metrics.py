@@ -88,8 +88,8 @@ read_warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.fleet import host_page
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.fleet import host_page
 
 
 def main() -> None:

@@ -282,11 +282,11 @@ topology_warnings:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.request import argument_spec, build_request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.unit_text import plan_record, record_is_current
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.request import argument_spec, build_request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import plan_record, record_is_current
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 # The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above
 # repeats them for ansible-doc, and tests/unit/test_request.py holds it to the table.

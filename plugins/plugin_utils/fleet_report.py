@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, Sequence
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.metrics import DEFAULT_SETTINGS
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.metrics import DEFAULT_SETTINGS
 from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
 
 BALANCING = {0: "off", 1: "ON (NUMA hinting faults migrate pages)", 2: "memory tiering", 3: "ON + memory tiering"}

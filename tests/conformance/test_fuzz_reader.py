@@ -22,11 +22,11 @@ from contextlib import ExitStack, contextmanager
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel_files
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import MAX_CPUS, MAX_NODES
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import kernel_files
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.cpulist import MAX_CPUS, MAX_NODES
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")

@@ -21,8 +21,8 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import PlacementError, Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import PlacementError, Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.tools import ansible_command, needs
 

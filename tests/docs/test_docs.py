@@ -14,9 +14,9 @@ import pytest
 import yaml
 from ansible.release import __version__ as ANSIBLE_VERSION
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cost
-from ansible_collections.inferops.numa.plugins.modules import (numa_audit, numa_balancing, numa_cost, numa_facts,
-                                                              numa_plan)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.modules import (
+    numa_audit, numa_balancing, numa_cost, numa_facts, numa_plan)
 
 from tests.ansible_compat import patch_module_args
 from tests.fixtures import sysfs

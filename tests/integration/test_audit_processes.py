@@ -3,7 +3,7 @@
 import subprocess
 import time
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import audit
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import audit
 
 
 def _proc_state(pid):

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import TOKENS
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin as numa_pin_cli
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import TOKENS
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 from tests.unit.test_cli import HOSTILE_REQUESTS, REPO
@@ -52,7 +52,7 @@ def test_explain_model_size_from_a_path(tmp_path):
 def test_explain_impossible_request_is_exit_2_with_the_sizes(tmp_path):
     root = sysfs.dual_socket_gpus().write(str(tmp_path))
     result = numa_pin("explain", "--root", root, "--model-size", "2T", "--on-unfit", "fail")
-    assert result.returncode == cli.EXIT_BAD_REQUEST
+    assert result.returncode == numa_pin_cli.EXIT_BAD_REQUEST
     assert result.stderr.startswith("numa-pin: ") and "TiB" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -67,7 +67,7 @@ def test_explain_impossible_request_is_exit_2_with_the_sizes(tmp_path):
 ])
 def test_bad_arguments_are_clear_errors(args):
     result = numa_pin(*args)
-    assert result.returncode == cli.EXIT_BAD_REQUEST, result.stderr
+    assert result.returncode == numa_pin_cli.EXIT_BAD_REQUEST, result.stderr
     assert "Traceback" not in result.stderr and result.stderr.strip()
 
 
@@ -77,7 +77,7 @@ def test_bad_arguments_are_clear_errors(args):
 ])
 def test_audit_wants_pids_or_a_unit(args, why):
     result = numa_pin(*args)
-    assert result.returncode == cli.EXIT_BAD_REQUEST and why in result.stderr, result.stderr
+    assert result.returncode == numa_pin_cli.EXIT_BAD_REQUEST and why in result.stderr, result.stderr
 
 
 def test_audit_of_a_pid_reports_where_its_memory_is(tmp_path):
@@ -117,7 +117,7 @@ def test_exec_pins_this_process_and_keeps_its_pid():
 
 def test_exec_of_a_missing_server_says_so():
     result = numa_pin("exec", "--node", "0", "--", "/nonexistent/llama-server")
-    assert result.returncode == cli.EXIT_NOT_FOUND
+    assert result.returncode == numa_pin_cli.EXIT_NOT_FOUND
     assert "cannot exec '/nonexistent/llama-server'" in result.stderr
 
 
@@ -126,14 +126,14 @@ def test_exec_of_a_missing_server_says_so():
 def test_exec_refuses_a_hostile_request_before_starting_anything(tmp_path, args, message):
     marker = tmp_path / "ran"
     result = numa_pin("exec", *args, "--", "touch", str(marker))
-    assert result.returncode == cli.EXIT_BAD_REQUEST and not marker.exists()
+    assert result.returncode == numa_pin_cli.EXIT_BAD_REQUEST and not marker.exists()
     assert result.stderr.startswith("numa-pin: ") and result.stderr.count("\n") == 1 and message in result.stderr
 
 
 def test_version_is_the_collections():
     with open(os.path.join(REPO, "galaxy.yml")) as handle:
         galaxy_version = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("version:"))
-    assert cli.VERSION == galaxy_version
+    assert numa_pin_cli.VERSION == galaxy_version
     result = numa_pin("--version")
     assert result.returncode == 0 and result.stdout == "numa-pin %s (inferops.numa)\n" % galaxy_version
 
@@ -141,15 +141,15 @@ def test_version_is_the_collections():
 def test_help_gives_the_exit_codes_and_two_examples_that_parse():
     result = numa_pin("--help")
     assert result.returncode == 0
-    for code, meaning in ((0, "ok"), (cli.EXIT_AUDIT_FAILED, "audit below target"),
-                          (cli.EXIT_BAD_REQUEST, "bad request"), (cli.EXIT_KERNEL_REFUSED, "the kernel refused"),
-                          (cli.EXIT_NOT_FOUND, "server not found")):
+    for code, meaning in ((0, "ok"), (numa_pin_cli.EXIT_AUDIT_FAILED, "audit below target"),
+                          (numa_pin_cli.EXIT_BAD_REQUEST, "bad request"), (numa_pin_cli.EXIT_KERNEL_REFUSED, "the kernel refused"),
+                          (numa_pin_cli.EXIT_NOT_FOUND, "server not found")):
         assert "%d %s" % (code, meaning) in " ".join(result.stdout.split())
-    for example in (cli.EXPLAIN_EXAMPLE, cli.EXEC_EXAMPLE):
+    for example in (numa_pin_cli.EXPLAIN_EXAMPLE, numa_pin_cli.EXEC_EXAMPLE):
         assert "  " + example + "\n" in result.stdout
         words = example.split()
         assert words[0] == "numa-pin"
-        args, server = cli._parse(words[1:])
+        args, server = numa_pin_cli._parse(words[1:])
         assert args.command == words[1] and (server != []) == (words[1] == "exec")
 
 
@@ -160,4 +160,4 @@ def test_exec_help_shows_the_server_command_and_every_token():
     assert usage.rstrip().endswith("-- SERVER [ARGS...]")
     for token in TOKENS:
         assert "{%s}" % token in result.stdout, token
-    assert cli.EXEC_EXAMPLE in result.stdout
+    assert numa_pin_cli.EXEC_EXAMPLE in result.stdout

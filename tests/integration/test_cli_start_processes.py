@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
 
 from tests.unit.test_cli_start import HEAVY, PACKAGE_PARENT
 
@@ -19,11 +19,11 @@ from tests.unit.test_cli_start import HEAVY, PACKAGE_PARENT
 ])
 def test_a_start_imports_none_of_the_heavy_standard_modules(args):
     """As the installed launcher runs it (-I -S, the package on sys.path): what the interpreter imports."""
-    launcher = "import sys; sys.path.insert(0, %r); from numa.cli import run; run()" % PACKAGE_PARENT
+    launcher = "import sys; sys.path.insert(0, %r); from numa.cli.numa_pin import run; run()" % PACKAGE_PARENT
     done = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", launcher] + args,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=60,
                           check=False)
-    assert done.returncode in (0, cli.EXIT_NOT_FOUND), done.stderr
+    assert done.returncode in (0, numa_pin.EXIT_NOT_FOUND), done.stderr
     imported = set(re.findall(r"\|\s+([\w.]+)\s*$", done.stderr, re.MULTILINE))
-    assert "numa.cli" in imported
+    assert "numa.cli.numa_pin" in imported
     assert imported & HEAVY == set()

@@ -14,7 +14,8 @@ import pytest
 
 from tests.tools import needs
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cost, topology
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", "chase.c")
 COMPILER = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import numastat
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import numastat
 
 
 def test_perf_that_hangs_is_killed(monkeypatch):

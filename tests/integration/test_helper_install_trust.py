@@ -75,6 +75,23 @@ def test_a_path_another_user_owns_is_refused(trusted_dir, owned_by_user):
 
 
 @as_root
+@pytest.mark.parametrize("change", ["owned by another user", "group-writable"])
+def test_a_layer_subpackage_root_does_not_alone_control_is_refused(trusted_dir, change):
+    """The package's subpackages (one per layer) hold code every service start runs: the same rule."""
+    package, launcher = install(trusted_dir)
+    layer = os.path.join(package, "decide")
+    os.mkdir(layer, 0o755)
+    if change == "group-writable":
+        os.chmod(layer, 0o775)
+    else:
+        os.chown(layer, NOBODY, NOBODY)
+    result = stamp(package, launcher)
+    expected = ("%s is owned by uid %d" % (layer, NOBODY) if change != "group-writable"
+                else "%s is writable by group or others (mode 0775)" % layer)
+    assert result.returncode == 1 and expected in result.stdout
+
+
+@as_root
 def test_a_symlink_into_a_users_directory_is_refused(trusted_dir):
     package, launcher = install(trusted_dir)
     users = os.path.join(trusted_dir, "users")

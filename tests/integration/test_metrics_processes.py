@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
 
 from tests.fixtures import sysfs
 from tests.tools import missing
@@ -80,7 +80,7 @@ def test_no_plan_directory_means_no_instances(tmp_path):
 
 
 def numa_pin(*args):
-    launcher = "import sys; sys.path.insert(0, %r); from numa.cli import run; run()" % PACKAGE_PARENT
+    launcher = "import sys; sys.path.insert(0, %r); from numa.cli.numa_pin import run; run()" % PACKAGE_PARENT
     return subprocess.run([sys.executable, "-I", "-S", "-c", launcher, "metrics"] + list(args),
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, timeout=120,
                           check=False)

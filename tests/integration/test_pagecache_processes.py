@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.tools import missing
 from tests.unit.test_pagecache import (PAGE, PAGES, SIZE, cache_runs, disk_dir,  # noqa: F401 (disk_dir: a fixture)

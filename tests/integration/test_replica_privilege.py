@@ -15,8 +15,8 @@ import traceback
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import replica
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import replica
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.unit.test_pagecache import write_file
 from tests.integration.test_replica_processes import show_argv_and_note, start_slow_copy

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache, replica
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache, replica
 
 from tests.integration.test_pagecache_processes import fincore_pages
 from tests.integration.test_cli_processes import PACKAGE_PARENT, numa_pin

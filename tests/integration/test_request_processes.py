@@ -9,9 +9,11 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 from tests.tools import ansible_command
@@ -102,7 +104,7 @@ def test_the_role_plans_each_instance_as_numa_pin_will_from_the_units_flags(role
         for instance, deployed in enumerate(plans):
             # What the unit's ExecStart= hands numa-pin exec for this instance.
             argv = ["exec", "--instance", str(instance)] + unit_text.request_flags(role_request) + ["--", "server"]
-            args, _ = cli._parse(argv)
+            args, _ = numa_pin._parse(argv)
             at_start = plan(topology, request.build_request(vars(args))).to_dict()
             assert deployed == json.loads(json.dumps(at_start)), (case["name"], instance)
 

@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import substitute_tokens
 
 from tests.integration.test_units_processes import render_cases
 from tests.tools import needs

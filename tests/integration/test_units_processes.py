@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
 
 from tests.tools import ansible_command, needs
 from tests.unit.test_units import (ANALYZE, HOSTILE, RENDER_CASE, RENDER_PLAYBOOK, REPO, TEMPLATES, cases, one,

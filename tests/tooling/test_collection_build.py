@@ -97,7 +97,7 @@ def test_everything_the_roles_and_playbooks_read_is_inside(built):
     pages = {"playbooks/templates/%s_report.%s.j2" % (kind, fmt) for kind in ("fleet", "cost") for fmt in ("md", "html")}
     assert pages <= files, sorted(pages - files)
     # numa_host installs the helper from the collection's own package, beside the roles.
-    assert "plugins/module_utils/numa/__main__.py" in files and "plugins/module_utils/numa/cli.py" in files
+    assert "plugins/module_utils/numa/__main__.py" in files and "plugins/module_utils/numa/cli/numa_pin.py" in files
 
 
 def test_license_and_metadata_match_and_name_no_placeholder(built):

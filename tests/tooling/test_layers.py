@@ -1,11 +1,7 @@
-"""Dependencies point inward: the numa-pin CLI uses the core modules, never the other way round.
-
-The core (topology, placement, kernel, audit, cost, systemd, request, ...) is what
-Ansible modules and filters run; cli.py and cli_cost.py are numa-pin's edge. A core
-module importing the CLI would ship it, and all it imports, in every module's
-payload, and run it inside modules. Checked three ways: the import statements
-(ast), the payload Ansible's own dependency finder builds for numa_plan, and the
-modules ``numa-pin exec`` really imports at a service's start.
+"""Dependencies point inward, seen by Ansible and by the interpreter: the layer table itself
+(tests/unit/test_dependency_table.py) holds the package's own imports; here, the plugins never import
+numa-pin's edge (cli/), the payload Ansible's own dependency finder builds for numa_plan is only what it
+uses, and ``numa-pin exec`` imports only what a service's start needs.
 """
 
 import ast
@@ -19,51 +15,36 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(REPO, "plugins", "module_utils", "numa")
 PACKAGE_NAME = "ansible_collections.inferops.numa.plugins.module_utils.numa"
-CLI_SIDE = {"cli", "cli_cost", "__main__"}
-CORE = sorted(name[:-3] for name in os.listdir(PACKAGE) if name.endswith(".py") and name[:-3] not in CLI_SIDE)
-PLUGINS = [os.path.join(kind, name) for kind in ("modules", "filter")
+PLUGINS = [os.path.join(kind, name) for kind in ("modules", "filter", "action", "plugin_utils")
            for name in sorted(os.listdir(os.path.join(REPO, "plugins", kind))) if name.endswith(".py")]
 
 
-def imported_package_modules(path, in_package):
-    """Modules of the numa package that the file at path imports, anywhere in it (lazy imports too)."""
+def imported_package_modules(path):
+    """"layer/module" of every module of the numa package the plugin at path imports, anywhere in it."""
     with open(path) as handle:
         tree = ast.parse(handle.read(), path)
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level == 1 and in_package:
-                names = [base] if base else [alias.name for alias in node.names]
-            elif base == PACKAGE_NAME:
-                names = [alias.name for alias in node.names]
-            elif base.startswith(PACKAGE_NAME + "."):
-                names = [base[len(PACKAGE_NAME) + 1:]]
-            else:
-                names = []
-            found.update(name.split(".")[0] for name in names)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(PACKAGE_NAME + "."):
+            layer, _, module = node.module[len(PACKAGE_NAME) + 1:].partition(".")
+            found.update(["%s/%s" % (layer, module)] if module else
+                         ["%s/%s" % (layer, alias.name) for alias in node.names])
         elif isinstance(node, ast.Import):
-            found.update(alias.name[len(PACKAGE_NAME) + 1:].split(".")[0] for alias in node.names
+            found.update(alias.name[len(PACKAGE_NAME) + 1:].replace(".", "/") for alias in node.names
                          if alias.name.startswith(PACKAGE_NAME + "."))
     return found
 
 
-def test_the_import_reader_sees_relative_absolute_and_lazy_imports():
-    assert {"errors", "request", "tokens", "placement", "audit", "cli_cost"} <= imported_package_modules(
-        os.path.join(PACKAGE, "cli.py"), in_package=True)
-    assert imported_package_modules(os.path.join(REPO, "plugins", "modules", "numa_plan.py"), in_package=False) == {
-        "errors", "placement", "request", "topology", "unit_text"}
-
-
-@pytest.mark.parametrize("module", CORE)
-def test_core_modules_never_import_the_cli(module):
-    assert imported_package_modules(os.path.join(PACKAGE, module + ".py"), in_package=True) & CLI_SIDE == set()
+def test_the_import_reader_sees_both_spellings():
+    assert imported_package_modules(os.path.join(REPO, "plugins", "modules", "numa_plan.py")) == {
+        "base/errors", "decide/placement", "inputs/request", "read/topology", "act/unit_text"}
+    assert "watch/metrics" in imported_package_modules(os.path.join(REPO, "plugins", "plugin_utils", "fleet_report.py"))
 
 
 @pytest.mark.parametrize("plugin", PLUGINS)
 def test_ansible_plugins_never_import_the_cli(plugin):
-    used = imported_package_modules(os.path.join(REPO, "plugins", plugin), in_package=False)
-    assert used & CLI_SIDE == set()
+    used = imported_package_modules(os.path.join(REPO, "plugins", plugin))
+    assert {module for module in used if module.startswith("cli/")} == set()
 
 
 # Run apart: the collection finder Ansible installs replaces the import system of the process.
@@ -95,9 +76,11 @@ def test_numa_plan_ships_only_what_it_uses():
     assert done.returncode == 0, done.stderr
     prefix = "ansible_collections/inferops/numa/plugins/module_utils/numa/"
     shipped = {name[len(prefix):-3] for name in done.stdout.split() if name.startswith(prefix)}
-    # kernel: the reader's openat2 under a root (numa_plan's root option)
-    assert shipped == {"__init__", "cpulist", "engines", "errors", "gpu_vendors", "kernel", "kernel_files", "placement",
-                       "request", "sizes", "topology", "unit_text"}
+    # system/kernel: the reader's openat2 under a root (numa_plan's root option)
+    layers = {"%s/__init__" % layer for layer in ("act", "base", "decide", "inputs", "read", "system")}
+    assert shipped == layers | {"__init__", "act/unit_text", "base/cpulist", "base/engines", "base/errors",
+                                "base/gpu_vendors", "base/sizes", "decide/placement", "inputs/request",
+                                "read/kernel_files", "read/topology", "system/kernel"}
 
 
 def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
@@ -108,6 +91,7 @@ def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
                           env=dict(os.environ, PYTHONPATH=os.path.dirname(PACKAGE)), stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, universal_newlines=True, timeout=60, check=False)
     assert "cannot exec '/nonexistent/server'" in done.stderr, done.stderr
-    imported = set(re.findall(r"\|\s+numa\.(\w+)\s*$", done.stderr, re.MULTILINE))
-    assert {"cli", "request", "placement", "kernel"} <= imported
-    assert imported & {"cost", "cli_cost", "audit", "numastat", "unit_text", "balancing"} == set()
+    imported = set(re.findall(r"\|\s+numa\.([\w.]+)\s*$", done.stderr, re.MULTILINE))
+    assert {"cli.numa_pin", "inputs.request", "decide.placement", "system.kernel"} <= imported
+    assert imported & {"act.cost", "cli.cost_command", "read.audit", "read.numastat", "act.unit_text",
+                       "act.balancing", "watch"} == set()

@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import audit, cli, judging, systemctl
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import audit, systemctl
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_audit
 
 from tests.ansible_compat import patch_module_args
@@ -395,7 +397,7 @@ def test_pids_must_be_process_ids_given_once(tmp_path, pids, message):
 def test_numa_pin_audit_refuses_nonsense_numbers_in_one_line(capsys):
     for argv in (["audit", "--pid", "1", "--min-local-percent", "nan"], ["audit", "--pid", "0"],
                  ["audit", "--unit", "x.service", "--wait-seconds", "inf"]):
-        assert cli.main(argv) == cli.EXIT_BAD_REQUEST
+        assert numa_pin.main(argv) == numa_pin.EXIT_BAD_REQUEST
         err = capsys.readouterr().err
         assert err.startswith("numa-pin: ") and err.count("\n") == 1 and "Traceback" not in err
 

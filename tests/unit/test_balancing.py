@@ -1,4 +1,4 @@
-"""numa_balancing logic (module_utils/numa/balancing.py) on fake roots: issue 4, every branch."""
+"""numa_balancing logic (module_utils/numa/act/balancing.py) on fake roots: issue 4, every branch."""
 import errno
 import json
 import os
@@ -8,8 +8,8 @@ import tempfile
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing as b
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing as b
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.unit.balancing_fakeroot import FakeRoot
 

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import balancing
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing
 from ansible_collections.inferops.numa.plugins.modules import numa_balancing
 
 from tests.ansible_compat import clear_warnings, patch_module_args

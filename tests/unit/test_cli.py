@@ -6,11 +6,12 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, kernel
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import substitute_tokens
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import substitute_tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 
@@ -26,8 +27,8 @@ def test_strict_mode_refuses_to_run_unpinned(monkeypatch):
     monkeypatch.setattr(kernel, "set_mempolicy", refuse)
     monkeypatch.setattr(kernel, "set_cpu_affinity", lambda cpus, allowed=None: None)
     with pytest.raises(NumaError) as caught:
-        cli._apply(_one_node_plan(), read("/"), best_effort=False)
-    assert caught.value.exit_code == cli.EXIT_KERNEL_REFUSED
+        numa_pin._apply(_one_node_plan(), read("/"), best_effort=False)
+    assert caught.value.exit_code == numa_pin.EXIT_KERNEL_REFUSED
     assert "refusing to start the server unpinned" in str(caught.value) and "EPERM" in str(caught.value)
 
 
@@ -41,7 +42,7 @@ def test_best_effort_degrades_bind_to_preferred_then_nothing(monkeypatch):
 
     monkeypatch.setattr(kernel, "set_mempolicy", refuse_bind)
     monkeypatch.setattr(kernel, "set_cpu_affinity", lambda cpus, allowed=None: None)
-    notes = cli._apply(_one_node_plan(), read("/"), best_effort=True)
+    notes = numa_pin._apply(_one_node_plan(), read("/"), best_effort=True)
     assert tried == ["bind", "preferred"]
     assert any("degraded to preferred" in note for note in notes)
 
@@ -49,7 +50,7 @@ def test_best_effort_degrades_bind_to_preferred_then_nothing(monkeypatch):
         raise kernel.KernelCallError("set_mempolicy", 1, "refused")
 
     monkeypatch.setattr(kernel, "set_mempolicy", refuse_all)
-    notes = cli._apply(_one_node_plan(), read("/"), best_effort=True)
+    notes = numa_pin._apply(_one_node_plan(), read("/"), best_effort=True)
     assert notes[-1].startswith("best-effort: memory policy NOT set")
 
 
@@ -65,7 +66,7 @@ def test_tokens_leave_other_braces_alone():
 
 
 def test_page_cache_trouble_is_a_note_after_the_placement_not_a_failure(monkeypatch, tmp_path):
-    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"\0" * 8192)
@@ -74,7 +75,7 @@ def test_page_cache_trouble_is_a_note_after_the_placement_not_a_failure(monkeypa
         raise NumaError("mincore was refused (EPERM) while scanning the page cache: a seccomp filter blocks it")
 
     monkeypatch.setattr(pagecache, "sample_residency", refuse)
-    notes = cli._settle_page_cache([str(model)], _one_node_plan(), "evict")
+    notes = numa_pin._settle_page_cache([str(model)], _one_node_plan(), "evict")
     assert notes == ["page cache NOT checked: mincore was refused (EPERM) while scanning the page cache: "
                      "a seccomp filter blocks it"]
 
@@ -84,53 +85,53 @@ def _looked(nodes):
 
 
 def test_evict_scans_every_page_only_once_the_sample_saw_remote_ones(monkeypatch):
-    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
 
     evicted = []
     outcome = {"evicted_pages": 4096, "skipped_reason": None}
     monkeypatch.setattr(pagecache, "evict_remote", lambda path, local: evicted.append((path, local)) or outcome)
     monkeypatch.setattr(pagecache, "sample_residency", lambda path, local_nodes: _looked({"0": 4096}))
-    assert cli._settle_file("/m.gguf", {0}, "evict") == [] and evicted == []
+    assert numa_pin._settle_file("/m.gguf", {0}, "evict") == [] and evicted == []
     monkeypatch.setattr(pagecache, "sample_residency", lambda path, local_nodes: _looked({"0": 4090, "1": 6}))
-    assert cli._settle_file("/m.gguf", {0}, "evict") == [
+    assert numa_pin._settle_file("/m.gguf", {0}, "evict") == [
         "page cache: dropped 4096 pages of /m.gguf cached on remote nodes"]
     assert evicted == [("/m.gguf", {0})]
 
 
 def test_warn_names_the_sampled_remote_pages_and_the_bound(monkeypatch):
-    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
 
     monkeypatch.setattr(pagecache, "sample_residency", lambda path, local_nodes: _looked({"0": 1000, "1": 3096}))
-    assert cli._settle_file("/m.gguf", {0}, "warn") == [
+    assert numa_pin._settle_file("/m.gguf", {0}, "warn") == [
         "page cache: 3096 pages of /m.gguf sit on remote nodes (N0=1000, N1=3096; sampled 688 of 4096 cached pages; "
         "node fractions within \u00b11 pp (99 %))"]
 
 
 def test_exec_applies_the_placement_before_looking_at_the_page_cache(monkeypatch, tmp_path):
     order = []
-    monkeypatch.setattr(cli, "_apply", lambda placement, topology, best_effort: order.append("apply") or [])
-    monkeypatch.setattr(cli, "_settle_page_cache", lambda models, placement, action: order.append("cache") or [])
+    monkeypatch.setattr(numa_pin, "_apply", lambda placement, topology, best_effort: order.append("apply") or [])
+    monkeypatch.setattr(numa_pin, "_settle_page_cache", lambda models, placement, action: order.append("cache") or [])
     monkeypatch.setattr(os, "execvp", lambda file, argv: order.append("exec"))
-    args, server_argv = cli._parse(["exec", "--node", "0", "--model", str(tmp_path), "--", "/bin/true"])
-    cli.run_exec(args, server_argv)
+    args, server_argv = numa_pin._parse(["exec", "--node", "0", "--model", str(tmp_path), "--", "/bin/true"])
+    numa_pin.run_exec(args, server_argv)
     assert order == ["apply", "cache", "exec"]
 
 
 def test_explain_reports_page_cache_trouble_beside_the_plan(tmp_path, monkeypatch, capsys):
-    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
 
     root = sysfs.dual_socket_gpus().write(str(tmp_path / "root"))
     model = tmp_path / "model.gguf"
     model.write_bytes(b"\1" * 8192)
-    args, _ = cli._parse(["explain", "--root", root, "--gpus", "none", "--model", str(model)])
-    assert cli.run_explain(args, []) == 0
+    args, _ = numa_pin._parse(["explain", "--root", root, "--gpus", "none", "--model", str(model)])
+    assert numa_pin.run_explain(args, []) == 0
     assert json.loads(capsys.readouterr().out)["page_cache"]["files"][0]["path"] == str(model)
 
     def hidden(paths):
         raise NumaError("cannot see the page cache of %s" % paths[0])
 
     monkeypatch.setattr(pagecache, "residency", hidden)
-    assert cli.run_explain(args, []) == 0
+    assert numa_pin.run_explain(args, []) == 0
     explained = json.loads(capsys.readouterr().out)
     assert explained["page_cache"] == {"error": "cannot see the page cache of %s" % model, "action": "evict"}
     assert explained["mem_nodes"] == [0]
@@ -154,7 +155,7 @@ HOSTILE_REQUESTS = {
 @pytest.mark.parametrize("args, message", list(HOSTILE_REQUESTS.values()), ids=list(HOSTILE_REQUESTS))
 def test_explain_refuses_a_hostile_request_in_one_line(tmp_path, capsys, args, message):
     root = sysfs.dual_socket_gpus().write(str(tmp_path))
-    assert cli.main(["explain", "--root", root] + args) == cli.EXIT_BAD_REQUEST
+    assert numa_pin.main(["explain", "--root", root] + args) == numa_pin.EXIT_BAD_REQUEST
     err = capsys.readouterr().err
     assert err.startswith("numa-pin: ") and err.count("\n") == 1 and message in err
 
@@ -171,8 +172,8 @@ def test_explain_refuses_a_hostile_request_in_one_line(tmp_path, capsys, args, m
 ], ids=["5000 digits", "hex", "word", "no value", "bad choice", "pid word", "percent word", "fraction"])
 def test_argparse_refusals_are_usage_and_one_error_line(capsys, argv):
     with pytest.raises(SystemExit) as stop:
-        cli.main(argv)
-    assert stop.value.code == cli.EXIT_BAD_REQUEST
+        numa_pin.main(argv)
+    assert stop.value.code == numa_pin.EXIT_BAD_REQUEST
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.startswith("usage: numa-pin")
     assert err.splitlines()[-1].startswith("numa-pin") and ": error: " in err.splitlines()[-1]
@@ -180,7 +181,7 @@ def test_argparse_refusals_are_usage_and_one_error_line(capsys, argv):
 
 @pytest.mark.parametrize("word", ["9" * 5000, "1e3", "0x10", "-"])
 def test_quick_parser_leaves_what_int_refuses_to_argparse(word):
-    assert cli._quick_parse(["exec", "--instances", word], ["true"]) is None
+    assert numa_pin._quick_parse(["exec", "--instances", word], ["true"]) is None
 
 
 # --- help, version ------------------------------------------------------------------------------
@@ -191,7 +192,7 @@ COMMANDS = ("facts", "explain", "exec", "audit", "cost")
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_option_of_every_command_has_help(command):
-    subparsers = next(action for action in cli._parser(command)._actions if action.dest == "command")
+    subparsers = next(action for action in numa_pin._parser(command)._actions if action.dest == "command")
     actions = subparsers.choices[command]._actions
     assert len(actions) > 1
     assert [action.option_strings for action in actions if not (action.help or "").strip()] == []

@@ -9,10 +9,12 @@ import os
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 
@@ -24,7 +26,7 @@ PACKAGE_PARENT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os
 
 def argparse_result(own, server_argv):
     """What _parse's argparse path makes of the command line: its vars, or the exit code it stops with."""
-    parser = cli._parser(own[0] if own else None)
+    parser = numa_pin._parser(own[0] if own else None)
     with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
         try:
             args = parser.parse_args(own)
@@ -36,7 +38,7 @@ def argparse_result(own, server_argv):
 
 
 def quick_result(own, server_argv):
-    args = cli._quick_parse(own, server_argv)
+    args = numa_pin._quick_parse(own, server_argv)
     return None if args is None else vars(args)
 
 
@@ -116,13 +118,13 @@ def test_the_quick_parser_takes_every_flag_a_unit_writes():
     (["audit", "--pid", "1"], []),
 ])
 def test_anything_else_is_left_to_argparse(own, server):
-    assert cli._quick_parse(own, server) is None
+    assert numa_pin._quick_parse(own, server) is None
 
 
 def printed(data):
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        cli._print_json(data)
+        numa_pin._print_json(data)
     return out.getvalue()
 
 

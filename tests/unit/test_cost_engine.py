@@ -10,8 +10,9 @@ import time
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli_cost, cost
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import cost_command
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.unit.topo_factory import make_node, make_topology
 
@@ -443,7 +444,7 @@ def test_table_shows_measured_and_slit_and_unmeasured_reasons():
     runner, _ = fake_measurements(LAT, BW)
     result = cost.measure(two_nodes(), cost.CostOptions(buffer_mb=1), runner=runner, rng=random.Random(1))
     result["unmeasured"] = {"1->1": "because"}
-    text = cli_cost.format_table(result)
+    text = cost_command.format_table(result)
     assert "latency ns (measured):" in text
     assert "SLIT distance ratio (firmware, not measured):" in text
     assert "   2.10" in text and "160.0" in text
@@ -500,7 +501,7 @@ def cli_args(*argv):
     import argparse
 
     parser = argparse.ArgumentParser(prog="numa-pin cost")
-    cli_cost.add_arguments(parser)
+    cost_command.add_arguments(parser)
     return parser.parse_args(list(argv))
 
 
@@ -515,7 +516,7 @@ def test_cli_defaults_match_the_module_and_print_a_table(fake_host, monkeypatch)
                    "bandwidth_ratio": [[1.0]], "distance": [[10]], "distance_ratio": [[1.0]], "unmeasured": {},
                    "method": {"latency": "chase"}}
     monkeypatch.setattr(cost, "measure", lambda facts, options, progress=None: dict(fake_result))
-    assert cli_cost.run(args, out) == 0
+    assert cost_command.run(args, out) == 0
     assert "latency ns (measured):" in out.getvalue() and "90.0" in out.getvalue()
 
 
@@ -528,7 +529,7 @@ def test_cli_json_plan_file_and_service_flags_reach_run(fake_host, tmp_path):
     out = io.StringIO()
     args = cli_args("--json", "--pid", "7", "--pid", "8", "--plan-json", str(plan), "--window-seconds", "3",
                     "--buffer-mb", "96", "--max-seconds", "30")
-    assert cli_cost.run(args, out) == 0
+    assert cost_command.run(args, out) == 0
     assert fake_host["collect"] == ("/", 3.0, [7, 8], None, {"mem_nodes": [1], "policy": "bind"})
     assert fake_host["measure"]["buffer_mb"] == 96 and fake_host["measure"]["max_seconds"] == 30.0
     assert json.loads(out.getvalue())["topology_signature"].startswith("node0:2cpu")

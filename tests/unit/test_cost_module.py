@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, cost
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.modules import numa_cost
 
 from tests.ansible_compat import patch_module_args
@@ -127,6 +128,6 @@ def test_window_and_pids_are_checked_before_the_host_is_read(monkeypatch, window
 
 
 def test_numa_pin_cost_refuses_a_bad_option_in_one_line(capsys):
-    assert cli.main(["cost", "--rounds", "0"]) == cli.EXIT_BAD_REQUEST
+    assert numa_pin.main(["cost", "--rounds", "0"]) == numa_pin.EXIT_BAD_REQUEST
     err = capsys.readouterr().err
     assert err == "numa-pin: cost option rounds=0 is not a whole number from 1 to 1000: give one like 2\n"

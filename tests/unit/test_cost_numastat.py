@@ -3,8 +3,8 @@
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import numastat
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import numastat
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 
 def numastat_text(hit, miss, foreign, interleave, local, other):

@@ -2,9 +2,9 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import (
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.cpulist import (
     MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist)
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 # Seeded and bounded: the same few hundred texts at every run.
 PARSER_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)

@@ -13,7 +13,8 @@ import types
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli_metrics, metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import metrics_command
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
 
 from tests.unit.test_audit import PAGE
 from tests.unit.test_metrics import (BIND1, host, machine_root, snapshot_of,  # noqa: F401 (fixtures)
@@ -39,13 +40,13 @@ def timer_run(host, dirs, monkeypatch, interval=3600.0, now=None):  # noqa: F811
     root, plans, run = host
     monkeypatch.setattr(metrics, "collect", lambda _root, plan_dir, runner: REAL_COLLECT(root, plan_dir, runner,
                                                                                           page_size=PAGE))
-    monkeypatch.setattr(cli_metrics, "run_command", run)
+    monkeypatch.setattr(metrics_command, "run_command", run)
     if now is not None:
-        monkeypatch.setattr(cli_metrics, "time", types.SimpleNamespace(time=lambda: now))
+        monkeypatch.setattr(metrics_command, "time", types.SimpleNamespace(time=lambda: now))
     err = io.StringIO()
     args = argparse.Namespace(textfile_dir=dirs[0], stdout=False, json=False, plan_dir=plans, state_dir=dirs[1],
                               drift_interval=interval)
-    assert cli_metrics.run(args, io.StringIO(), err) == 0
+    assert metrics_command.run(args, io.StringIO(), err) == 0
     return err.getvalue()
 
 
@@ -180,11 +181,11 @@ def test_a_look_reads_no_state_and_acts_on_nothing(host, dirs, monkeypatch):  # 
     root, plans, run = host
     monkeypatch.setattr(metrics, "collect", lambda _root, plan_dir, runner: REAL_COLLECT(root, plan_dir, runner,
                                                                                           page_size=PAGE))
-    monkeypatch.setattr(cli_metrics, "run_command", run)
+    monkeypatch.setattr(metrics_command, "run_command", run)
     out, err = io.StringIO(), io.StringIO()
     args = argparse.Namespace(textfile_dir=dirs[0], stdout=True, json=False, plan_dir=plans, state_dir=dirs[1],
                               drift_interval=0.0)
-    assert cli_metrics.run(args, out, err) == 0
+    assert metrics_command.run(args, out, err) == 0
     assert restarts(run) == [] and not os.path.exists(dirs[1]) and "inferops_numa_instance_drift{" in out.getvalue()
 
 

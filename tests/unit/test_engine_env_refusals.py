@@ -3,7 +3,7 @@ llama.cpp's common/arg.cpp reads LLAMA_ARG_NUMA as --numa, an empty value as "di
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import ENGINES, conflicting_flags, recipe
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, conflicting_flags, recipe
 
 WHY = ("llama.cpp's --numa resets its main thread's CPU affinity to all CPUs after each graph, outside the plan")
 
@@ -38,14 +38,14 @@ def test_the_plan_lists_the_flag_its_variable_shares_a_table_entry_with():
 
 
 def test_numa_pin_exec_refuses_llama_arg_numa_in_its_environment(monkeypatch):
-    from ansible_collections.inferops.numa.plugins.module_utils.numa import cli
-    from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-    from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
     from tests.unit import topo_factory as tf
 
     placement = plan(tf.dgx_like(), Request(gpus=4, instances=2, instance=1, engine="llama.cpp"))
     monkeypatch.setenv("LLAMA_ARG_NUMA", "distribute")
     with pytest.raises(NumaError, match="refusing engine llama.cpp's LLAMA_ARG_NUMA in the environment.*unset it"):
-        cli._check_engine(placement, ["llama-server"], best_effort=False)
+        numa_pin._check_engine(placement, ["llama-server"], best_effort=False)
     monkeypatch.delenv("LLAMA_ARG_NUMA")
-    assert cli._check_engine(placement, ["llama-server"], best_effort=False) == []
+    assert numa_pin._check_engine(placement, ["llama-server"], best_effort=False) == []

@@ -9,12 +9,12 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli
-from ansible_collections.inferops.numa.plugins.module_utils.numa.engines import (ENGINES, missing_programs, recipe,
-                                                                                 with_engine_args)
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.tokens import server_command
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import (
+    ENGINES, missing_programs, recipe, with_engine_args)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
 
 from tests.unit import topo_factory as tf
 
@@ -77,10 +77,10 @@ def test_a_llama_cpp_command_with_numa_is_refused_naming_why(argv, conflicts):
     placement = one_node("llama.cpp")
     if conflicts:
         with pytest.raises(NumaError, match="resets its main thread's CPU affinity to all CPUs"):
-            cli._check_engine(placement, argv, best_effort=False)
-        assert "kept" in cli._check_engine(placement, argv, best_effort=True)[0]
+            numa_pin._check_engine(placement, argv, best_effort=False)
+        assert "kept" in numa_pin._check_engine(placement, argv, best_effort=True)[0]
     else:
-        assert cli._check_engine(placement, argv, best_effort=False) == []
+        assert numa_pin._check_engine(placement, argv, best_effort=False) == []
 
 
 def test_every_engine_explains_itself_when_it_spans():
@@ -139,6 +139,6 @@ def test_exec_refuses_an_engine_whose_binder_is_missing(monkeypatch):
     placement = spanning("vllm")
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(NumaError, match="engine vllm binds each worker with numactl, which is not on PATH"):
-        cli._check_engine(placement, ["vllm", "serve"], best_effort=False)
-    notes = cli._check_engine(placement, ["vllm", "serve"], best_effort=True)
+        numa_pin._check_engine(placement, ["vllm", "serve"], best_effort=False)
+    notes = numa_pin._check_engine(placement, ["vllm", "serve"], best_effort=True)
     assert placement.engine["args"] == [] and "its arguments NOT added" in notes[0]

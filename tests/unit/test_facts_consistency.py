@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.kernel_files import excerpt, printable
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.kernel_files import excerpt, printable
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 

@@ -7,9 +7,9 @@ import importlib
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import fleet
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import fleet
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 from ansible_collections.inferops.numa.plugins.plugin_utils import fleet_report, report_pages
 
 from tests.fixtures import sysfs

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import parse_cpulist
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import PlacementError, Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.cpulist import parse_cpulist
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import PlacementError, Request, plan
 
 from tests.unit import topo_factory as tf
 

@@ -1,8 +1,8 @@
 """The GPU vendor table: the reader and the planner both take vendors from it, so one entry adds one."""
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import gpu_vendors
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base import gpu_vendors
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 

@@ -8,8 +8,10 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, judging, metrics
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # The role's entry calls pages audit_pages: next to its placement options, "pages" alone would be unclear.
@@ -52,9 +54,9 @@ def test_the_roles_entries_spell_the_table():
 
 
 def test_numa_pin_audit_takes_the_table_with_its_defaults():
-    args, _ = cli._parse(["audit", "--pid", "1"])
+    args, _ = numa_pin._parse(["audit", "--pid", "1"])
     assert (args.min_local_percent, args.pages) == (99.0, "all")
-    args, _ = cli._parse(["audit", "--pid", "1", "--min-local-percent", "97.5", "--pages", "anon"])
+    args, _ = numa_pin._parse(["audit", "--pid", "1", "--min-local-percent", "97.5", "--pages", "anon"])
     assert (args.min_local_percent, args.pages) == (97.5, "anon")
 
 

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 BUILD = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build")
 PAGE = mmap.PAGESIZE
@@ -20,7 +20,7 @@ MISSING_CPU = 4000  # no test host has this CPU
 
 CHILD_PRELUDE = """
 import json, os, sys
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
 
 def attempt(fn, *args, **kwargs):
     try:

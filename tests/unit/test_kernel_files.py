@@ -9,8 +9,10 @@ import stat
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cpulist, kernel, kernel_files
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base import cpulist
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import kernel_files
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 # Seeded and bounded: the same few hundred texts at every run.
 PARSER_SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)

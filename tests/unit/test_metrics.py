@@ -10,9 +10,11 @@ import tempfile
 import pytest
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel, metrics, systemctl
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import systemctl
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 from tests.unit.test_audit import PAGE, TRAPPED_MAPS, write_process

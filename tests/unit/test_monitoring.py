@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

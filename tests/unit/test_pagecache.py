@@ -12,8 +12,8 @@ import tempfile
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGE = pagecache.PAGE
@@ -112,7 +112,7 @@ def test_resident_runs_use_only_the_low_bit():
 
 def test_a_file_this_user_neither_owns_nor_may_write_is_refused_not_misread(tmp_path, monkeypatch):
     # mincore() would report every page of it as cached (Linux >= 5.0), and the scan would read it all.
-    from ansible_collections.inferops.numa.plugins.module_utils.numa import pagecache
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import pagecache
 
     model = tmp_path / "model.gguf"
     model.write_bytes(b"\1" * 8192)

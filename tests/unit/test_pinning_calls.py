@@ -19,7 +19,9 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, kernel, topology
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology
 
 from tests.fixtures import sysfs
 
@@ -148,7 +150,7 @@ def start(tmp_path, monkeypatch, environ, capsys):
         monkeypatch.setattr(os, "sched_setaffinity", fake.sched_setaffinity)
         monkeypatch.setattr(os, "sched_getaffinity", fake.sched_getaffinity)
         monkeypatch.setattr(os, "execvp", execvp)
-        code = cli.main(["exec"] + list(own) + ["--"] + list(server_argv))
+        code = numa_pin.main(["exec"] + list(own) + ["--"] + list(server_argv))
         return code, fake.calls, capsys.readouterr().err
     return run
 
@@ -283,7 +285,7 @@ def test_a_strict_start_whose_kernel_did_less_never_reaches_the_server(start, fa
     """Catches: the call whose refusal is tested (no call, no refusal: the start would exec unpinned)."""
     assert _ulong_size() == 8  # the node words above are 64-bit (every platform kernel.py supports)
     code, calls, err = start(two_nodes(), ["--node", "1", "--gpus", "none"], **fault)
-    assert code == cli.EXIT_KERNEL_REFUSED, err
+    assert code == numa_pin.EXIT_KERNEL_REFUSED, err
     assert calls == first_calls and execs(calls) == []
     assert err.startswith("numa-pin: refusing to start the server unpinned: ") and words in err
     assert err.count("\n") == 1

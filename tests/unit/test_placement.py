@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit import topo_factory as tf
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import (
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import (
     PlacementError, plan)
-from ansible_collections.inferops.numa.plugins.module_utils.numa.request import Request, parse_headroom
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.request import Request, parse_headroom
 
 GIB = tf.GIB
 NODE0 = list(range(0, 40)) + list(range(80, 120))

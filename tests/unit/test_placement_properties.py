@@ -10,9 +10,9 @@ import random
 from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
 
 from tests.unit import topo_factory as tf
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import format_cpulist, parse_cpulist
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import (PlacementError, Request, plan,
-                                                                               plan_instances)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.cpulist import format_cpulist, parse_cpulist
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import (
+    PlacementError, Request, plan, plan_instances)
 
 GIB = tf.GIB
 # Inputs are built to reach each property's assertion: every topology has a usable node (CPUs and
@@ -386,7 +386,7 @@ def test_same_input_same_plan_in_any_order(data):
                        st.one_of(st.none(), st.booleans(), st.integers(-3, 70000), st.text(max_size=8),
                                  st.lists(st.integers(-1, 3), max_size=3), st.floats(allow_nan=True))))
 def test_from_options_either_builds_a_request_or_raises_numa_error(options):
-    from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
     try:
         request = Request.from_options(options)
     except NumaError as error:

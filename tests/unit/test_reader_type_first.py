@@ -12,7 +12,7 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import kernel_files
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import kernel_files
 
 IN_OPEN = 0x20
 

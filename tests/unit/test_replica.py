@@ -8,8 +8,8 @@ import threading
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import replica
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import replica
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.unit.test_pagecache import disk_dir, write_file  # noqa: F401  (disk_dir: a fixture)
 
@@ -285,7 +285,7 @@ def test_the_signal_dispositions_are_restored_after_the_copy_and_an_ignored_one_
 # A copy in a process of its own that says when it started and then crawls: 64 KiB per 50 ms.
 SLOW_COPY = """
 import os, signal, sys, time
-from numa import replica
+from numa.act import replica
 
 # As an interactive start has it: a shell without job control (CI's background phases) starts its
 # children with SIGINT ignored, and an ignored signal stays ignored by design.

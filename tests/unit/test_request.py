@@ -16,10 +16,12 @@ import re
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import cli, request, unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import service_requests
+from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.service_entry import service_requests
 from ansible_collections.inferops.numa.plugins.doc_fragments import host_root
 from ansible_collections.inferops.numa.plugins.modules import numa_plan
 
@@ -79,23 +81,23 @@ def test_every_option_has_a_sample_value():
 
 
 def test_numa_pin_defaults_are_the_tables():
-    args, _ = cli._parse(["explain"])
+    args, _ = numa_pin._parse(["explain"])
     assert {name: getattr(args, name) for name in request.BY_NAME} == request.DEFAULTS
 
 
 @pytest.mark.parametrize("option", [option for option in request.OPTIONS if option.choices], ids=lambda o: o.name)
 def test_numa_pin_takes_exactly_the_tables_choices(option):
     for choice in option.choices:
-        assert getattr(cli._parse(["explain", option.flag, choice])[0], option.name) == choice
+        assert getattr(numa_pin._parse(["explain", option.flag, choice])[0], option.name) == choice
     with pytest.raises(SystemExit):
-        cli._parse(["explain", option.flag, "nonsense"])
+        numa_pin._parse(["explain", option.flag, "nonsense"])
 
 
 @pytest.mark.parametrize("smt", [False, True])
 def test_unit_flags_read_back_by_numa_pin_exec_are_the_request(smt):
     wanted = dict(EVERY_OPTION, smt=smt)
     flags = unit_text.request_flags(wanted)
-    args, server = cli._parse(["exec"] + flags + ["--", "/usr/bin/server"])
+    args, server = numa_pin._parse(["exec"] + flags + ["--", "/usr/bin/server"])
     assert server == ["/usr/bin/server"]
     assert {name: getattr(args, name) for name in request.BY_NAME} == dict(wanted, model=[wanted["model"]])
     named = [flag for flag in flags if flag.startswith("--")]

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import safe_fs
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import safe_fs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STAMP_SCRIPT = os.path.join(REPO, "roles", "numa_host", "files", "installed_stamp.py")

@@ -5,8 +5,8 @@ import os
 
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.service_entry import (
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.service_entry import (
     DEFAULT_LAYOUT, LAYOUTS, service_requests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.sizes import (MAX_BYTES, format_size, parse_size,
-                                                                               shown, size_of_path)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.sizes import (
+    MAX_BYTES, format_size, parse_size, shown, size_of_path)
 
 GIB = 1024 ** 3
 

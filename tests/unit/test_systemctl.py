@@ -1,6 +1,6 @@
 """systemctl.py: a unit's processes from its cgroup under the root prefix, systemd's answers handed in."""
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa import systemctl
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import systemctl
 
 
 def test_a_cgroup_procs_line_that_is_no_pid_is_not_a_process_of_the_unit(tmp_path):

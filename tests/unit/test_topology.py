@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
 

@@ -7,8 +7,8 @@ right.
 """
 from typing import Any, Dict, List, Optional, Sequence
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.cpulist import format_cpulist
-from ansible_collections.inferops.numa.plugins.module_utils.numa.gpu_vendors import index_facts
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.cpulist import format_cpulist
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.gpu_vendors import index_facts
 
 GIB = 1024 ** 3
 GIB_KB = 1024 * 1024

@@ -2,6 +2,7 @@
 
 The same package runs inside Ansible modules (AnsiballZ) and, copied to a target
 as a plain package named ``numa``, as the ``numa-pin`` helper. Its modules import
-each other relatively and use the standard library only. cli.py and cli_cost.py are
-numa-pin's edge: no other module imports them, so no Ansible module ships them.
+each other relatively and use the standard library only. One subpackage per layer
+(docs/architecture.md): base, inputs, decide, system, read, act, watch, then cli,
+numa-pin's edge, which no other layer imports, so no Ansible module ships it.
 """

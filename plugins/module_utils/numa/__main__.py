@@ -1,5 +1,5 @@
 """``python3 -m numa`` (the installed helper's package) runs the numa-pin CLI."""
-from .cli import run
+from .cli.numa_pin import run
 
 if __name__ == "__main__":
     run()

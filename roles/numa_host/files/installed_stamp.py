@@ -71,9 +71,25 @@ def read_stamp(package):
         return stamp.read(STAMP_MAX_BYTES).decode("ascii", "replace").strip()
 
 
+def untrusted_subpackage(package):
+    """The first of the package's subpackage directories (one per layer) that is not root's alone, or None."""
+    try:
+        names = sorted(os.listdir(package))
+    except FileNotFoundError:
+        return None
+    for name in names:
+        current = os.path.join(package, name)
+        info = os.lstat(current)
+        if stat.S_ISDIR(info.st_mode) or stat.S_ISLNK(info.st_mode):
+            problem = distrust(current, info)
+            if problem:
+                return problem
+    return None
+
+
 def main(package, launcher):
     for path in (package, launcher):
-        problem = untrusted(os.path.abspath(path))
+        problem = untrusted(os.path.abspath(path)) or (path == package and untrusted_subpackage(path))
         if problem:
             print("numa-pin's install path is not root's alone: %s. Fix: make every directory of %s owned by root "
                   "and writable by root only (chown root; chmod go-w), or set numa_host_helper_dir / "

@@ -9,7 +9,7 @@ import os
 import subprocess
 from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
-from .errors import NumaError
+from ..base.errors import NumaError
 
 UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup")
 # Where a unit's ControlGroup is found: the unified hierarchy, then the legacy and hybrid layouts' trees.

@@ -29,9 +29,9 @@ import mmap
 import os
 import stat
 
-from . import kernel
-from .errors import NumaError
-from .kernel_files import parse_maps, proc_text
+from ..system import kernel
+from ..base.errors import NumaError
+from ..read.kernel_files import parse_maps, proc_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

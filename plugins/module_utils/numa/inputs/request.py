@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import os
 
-from .cpulist import MAX_CPUS, MAX_NODES, parse_cpulist
-from .engines import ENGINES, GENERIC
-from .errors import NumaError, shown
-from .sizes import MAX_BYTES, decimal_digits, format_size, parse_size
+from ..base.cpulist import MAX_CPUS, MAX_NODES, parse_cpulist
+from ..base.engines import ENGINES, GENERIC
+from ..base.errors import NumaError, shown
+from ..base.sizes import MAX_BYTES, decimal_digits, format_size, parse_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only
@@ -454,7 +454,7 @@ def build_request(options: Mapping[str, Any]) -> Request:
 
 def _model_size(model_size: Any, models: List[str]) -> Any:
     """A path measured in bytes; sizes ("14G", bytes) go on to the Request, which parses them."""
-    from .sizes import size_of_path
+    from ..base.sizes import size_of_path
 
     if model_size is None:
         return sum(size_of_path(path) for path in models) if models else None

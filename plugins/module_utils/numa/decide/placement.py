@@ -26,12 +26,12 @@ exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` an
 """
 from __future__ import annotations
 
-from .cpulist import format_cpulist, is_kernel_number, parse_cpulist
-from .engines import recipe
-from .errors import NumaError, shown
-from .gpu_vendors import visibility_env
-from .request import Request, copied
-from .sizes import format_size
+from ..base.cpulist import format_cpulist, is_kernel_number, parse_cpulist
+from ..base.engines import recipe
+from ..base.errors import NumaError, shown
+from ..base.gpu_vendors import visibility_env
+from ..inputs.request import Request, copied
+from ..base.sizes import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from . import audit, systemctl
-from .errors import NumaError
+from ..base.errors import NumaError
 from .kernel_files import NODE_DIR, node_ids, read_counter_file, read_vmstat
 
 NUMASTAT_FIELDS = ("numa_hit", "numa_miss", "numa_foreign", "interleave_hit", "local_node", "other_node")

@@ -45,12 +45,12 @@ import re
 import time
 from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
-from .cpulist import format_cpulist, parse_cpulist
-from . import judging
-from .errors import NumaError, shown
+from ..base.cpulist import format_cpulist, parse_cpulist
+from ..inputs import judging
+from ..base.errors import NumaError, shown
 from .kernel_files import parse_maps, proc_text, read_status
 from .systemctl import CommandRunner, run_command, show_unit, unit_pids
-from .sizes import finite_number, format_size
+from ..base.sizes import finite_number, format_size
 
 KINDS = ("anon", "file", "code")
 ENFORCED_POLICIES = ("bind",)

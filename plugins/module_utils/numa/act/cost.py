@@ -39,10 +39,11 @@ import signal
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import audit, kernel, numastat, topology
-from .cpulist import parse_cpulist
-from .errors import NumaError, shown
-from .sizes import format_size
+from ..read import audit, numastat, topology
+from ..system import kernel
+from ..base.cpulist import parse_cpulist
+from ..base.errors import NumaError, shown
+from ..base.sizes import format_size
 
 LINE_BYTES = 64
 SLOTS_PER_LINE = LINE_BYTES // 8  # "Q" slots: one chase slot per cache line

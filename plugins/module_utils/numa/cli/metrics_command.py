@@ -10,8 +10,8 @@ import json
 import sys
 import time
 
-from . import metrics
-from .audit import run_command
+from ..watch import metrics
+from ..read.audit import run_command
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -11,9 +11,9 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from .errors import NumaError, shown
+from ..base.errors import NumaError, shown
 from .request import Option
-from .sizes import finite_number
+from ..base.sizes import finite_number
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

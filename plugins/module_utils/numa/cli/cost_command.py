@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 
-from . import cost
-from .audit import load_plan
+from ..act import cost
+from ..read.audit import load_plan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -8,16 +8,17 @@ placement a deployment would make.
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from . import metrics, systemctl
-from .cpulist import format_cpulist
-from .errors import NumaError
-from .service_entry import service_requests
+from . import metrics
+from ..read import systemctl
+from ..base.cpulist import format_cpulist
+from ..base.errors import NumaError
+from ..inputs.service_entry import service_requests
 
 
 def host_page(root: str = "/", plan_dir: Optional[str] = None, services: Sequence[Mapping[str, Any]] = (),
               run: Optional[systemctl.CommandRunner] = None) -> Dict[str, Any]:
     """The snapshot, the topology summary and the planned services of the host under ``root``."""
-    from .topology import read
+    from ..read.topology import read
 
     topology = read(root)
     snapshot = metrics.collect(root, plan_dir or _under(root, metrics.PLAN_DIR), run, topology=topology)
@@ -49,8 +50,8 @@ def plan_service(topology: Mapping[str, Any], entry: Mapping[str, Any]) -> List[
     wanted = service_requests(entry, topology)
     if wanted["error"]:
         return [_unplanned(name, wanted["error"])]
-    from .placement import plan_instances
-    from .request import build_request
+    from ..decide.placement import plan_instances
+    from ..inputs.request import build_request
 
     try:
         request = build_request(dict(wanted["request"], instance=0))

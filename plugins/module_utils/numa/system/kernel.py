@@ -20,7 +20,7 @@ import errno
 import os
 import struct
 
-from .errors import NumaError
+from ..base.errors import NumaError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -374,7 +374,7 @@ def _ids(values: Iterable[int], kind: str, limit: int) -> List[int]:
 
 def _fmt(ids: Iterable[int]) -> str:
     # cpulist imports re and typing; only messages need it.
-    from .cpulist import format_cpulist
+    from ..base.cpulist import format_cpulist
 
     return format_cpulist(ids)
 

@@ -28,9 +28,9 @@ import errno
 import os
 import stat
 
-from .cpulist import DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
-from .errors import NumaError
-from .gpu_vendors import index_facts, vendor_name
+from ..base.cpulist import DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
+from ..base.errors import NumaError
+from ..base.gpu_vendors import index_facts, vendor_name
 from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, parse_status, printable
 
 TYPE_CHECKING = False

@@ -20,9 +20,9 @@ import re
 import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .cpulist import format_cpulist, parse_cpulist
-from .errors import NumaError
-from .request import OPTIONS, Option, check_names
+from ..base.cpulist import format_cpulist, parse_cpulist
+from ..base.errors import NumaError
+from ..inputs.request import OPTIONS, Option, check_names
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
 # only of these is written bare, anything else is double-quoted.

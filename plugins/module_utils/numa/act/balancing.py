@@ -34,10 +34,10 @@ import stat
 import time
 from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from . import safe_fs
-from .errors import NumaError
-from .kernel_files import read_vmstat
-from .safe_fs import NO_FOLLOW
+from ..system import safe_fs
+from ..base.errors import NumaError
+from ..read.kernel_files import read_vmstat
+from ..system.safe_fs import NO_FOLLOW
 
 BALANCING_KEY = "kernel.numa_balancing"
 ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"

@@ -22,15 +22,15 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import NumaError
+from ..base.errors import NumaError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations only
     import argparse
     from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
-    from .placement import Plan
-    from .request import Option
+    from ..decide.placement import Plan
+    from ..inputs.request import Option
 
     # What facts, explain and exec get: argparse's Namespace, or _quick_parse's look-alike.
     Args = Union[argparse.Namespace, "_Args"]
@@ -154,7 +154,7 @@ def _quick_flags(command: str, args: _Args) -> Tuple[Takes, Sets]:
         takes["--root"] = ("root", None)
     if command == "facts":
         return takes, sets
-    from .request import OPTIONS
+    from ..inputs.request import OPTIONS
 
     for option in OPTIONS:
         if option.kind == "bool":
@@ -239,21 +239,21 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
 
     cost = commands.add_parser("cost", help="measure remote vs local memory latency and bandwidth per node pair")
     if command == "cost":  # the measurement engine is not imported on the exec path
-        from .cli_cost import add_arguments
+        from .cost_command import add_arguments
         add_arguments(cost)
     cost.set_defaults(run=run_cost)
 
     metrics = commands.add_parser("metrics", help="write Prometheus metrics of every deployed instance's locality "
                                                   "and the host's NUMA state (node_exporter textfile)")
     if command == "metrics":  # like cost: its code stays off the exec path
-        from .cli_metrics import add_arguments as add_metrics_arguments
+        from .metrics_command import add_arguments as add_metrics_arguments
         add_metrics_arguments(metrics)
     metrics.set_defaults(run=run_metrics)
     return parser
 
 
 def _add_request_options(parser: argparse.ArgumentParser) -> None:
-    from .request import OPTIONS
+    from ..inputs.request import OPTIONS
 
     group = parser.add_argument_group("placement request (module options share these names)")
     for option in OPTIONS:
@@ -261,7 +261,7 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_judging_options(parser: argparse.ArgumentParser) -> None:
-    from .judging import OPTIONS
+    from ..inputs.judging import OPTIONS
 
     group = parser.add_argument_group("judging (numa_audit and the role's entries share these)")
     for option in OPTIONS:
@@ -294,9 +294,9 @@ def _add_request_option(group: Any, option: Option) -> None:
 
 
 def _plan(root: str, args: Args, plan_only: bool = False) -> Tuple[Dict[str, Any], Plan]:
-    from .placement import plan
-    from .request import build_request
-    from .topology import read
+    from ..decide.placement import plan
+    from ..inputs.request import build_request
+    from ..read.topology import read
 
     topology = read(root, plan_only)
     request = build_request(vars(args))
@@ -307,7 +307,7 @@ def _plan(root: str, args: Args, plan_only: bool = False) -> Tuple[Dict[str, Any
 
 
 def run_facts(args: Args, _server_argv: List[str]) -> int:
-    from .topology import read
+    from ..read.topology import read
 
     _print_json(read(args.root))
     return 0
@@ -318,12 +318,12 @@ def run_explain(args: Args, _server_argv: List[str]) -> int:
     result = placement.to_dict()
     result["topology_warnings"] = topology["warnings"]
     if os.path.realpath(args.root) == "/" and placement.engine["requires"]:
-        from .engines import missing_programs
+        from ..base.engines import missing_programs
 
         # What numa-pin exec would refuse to start without, on this host.
         result["engine"]["missing"] = missing_programs(placement.engine["requires"], os.environ.get("PATH", os.defpath))
     if args.model:
-        from .pagecache import residency
+        from ..act.pagecache import residency
 
         try:
             result["page_cache"] = residency(args.model)
@@ -366,7 +366,7 @@ def run_exec(args: Args, server_argv: List[str]) -> int:
 
 
 def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
-    from .audit import audit_service, load_plan
+    from ..read.audit import audit_service, load_plan
 
     plan = load_plan(args.plan_json) if args.plan_json else None
     report = audit_service(args.pid, args.unit, plan, args.min_local_percent, args.pages,
@@ -376,13 +376,13 @@ def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
 
 
 def run_cost(args: argparse.Namespace, _server_argv: List[str]) -> int:
-    from .cli_cost import run
+    from .cost_command import run
 
     return run(args, sys.stdout)
 
 
 def run_metrics(args: argparse.Namespace, _server_argv: List[str]) -> int:
-    from .cli_metrics import run
+    from .metrics_command import run
 
     return run(args, sys.stdout)
 
@@ -394,7 +394,7 @@ def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) ->
     """Refuse a command with flags that would undo the binding, and (or, best-effort, drop) an
     engine recipe whose programs this host lacks: the engine would fail at its first worker, far
     from the cause."""
-    from .engines import conflicting_flags, missing_programs
+    from ..base.engines import conflicting_flags, missing_programs
 
     engine = placement.engine["engine"]
     # What the server starts with: numa-pin's environment (the unit's Environment= among it) and the plan's.
@@ -416,15 +416,15 @@ def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) ->
 
 
 def _server_command(server_argv: List[str], placement: Plan) -> Tuple[List[str], List[str]]:
-    from .tokens import server_command
+    from ..base.tokens import server_command
 
     return server_command(server_argv, placement.to_dict())
 
 
 def _apply(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:
     """Set CPU affinity then memory policy; return notes on any degradation."""
-    from . import kernel
-    from .cpulist import parse_cpulist
+    from ..system import kernel
+    from ..base.cpulist import parse_cpulist
 
     allowed_cpus = parse_cpulist(topology["cpus"]["allowed"]) or None
     allowed_mems = parse_cpulist(topology["cpus"]["mems_allowed"]) or None
@@ -472,7 +472,7 @@ def _page_cache_action(choice: Optional[str], policy: str) -> str:
 def _replicate(models: List[str], argv: List[str], placement: Plan,
                replica_dir: Optional[str]) -> Tuple[List[str], List[str], List[str]]:
     """(the copies, the server argv naming them, notes): one copy of each model per node set."""
-    from .replica import ensure_replica, point_at_replicas, replica_root
+    from ..act.replica import ensure_replica, point_at_replicas, replica_root
 
     root = replica_root(replica_dir)
     replicas = {}
@@ -485,7 +485,7 @@ def _replicate(models: List[str], argv: List[str], placement: Plan,
 
 
 def _replica_paths(models: List[str], placement: Plan, replica_dir: Optional[str]) -> Dict[str, Any]:
-    from .replica import replica_path, replica_root
+    from ..act.replica import replica_path, replica_root
 
     try:
         root = replica_root(replica_dir)
@@ -498,7 +498,7 @@ def _settle_page_cache(models: List[str], placement: Plan, action: str) -> List[
     """Report, and with ``evict`` drop, model pages cached on nodes outside the plan."""
     if action == "ignore":
         return []
-    from .pagecache import regular_files
+    from ..act.pagecache import regular_files
 
     notes = []
     local = set(placement.mem_nodes)
@@ -512,7 +512,7 @@ def _settle_page_cache(models: List[str], placement: Plan, action: str) -> List[
 
 
 def _settle_file(path: str, local: Set[int], action: str) -> List[str]:
-    from .pagecache import evict_remote, sample_residency
+    from ..act.pagecache import evict_remote, sample_residency
 
     # A sample, not every page: this runs at every start, and a full look costs ~0.3-0.9 us
     # per cached page (seconds for a cached 40 GiB model).

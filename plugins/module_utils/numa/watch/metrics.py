@@ -37,9 +37,11 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import audit, judging, safe_fs, systemctl
-from .cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
-from .errors import NumaError, shown
+from ..read import audit, systemctl
+from ..inputs import judging
+from ..system import safe_fs
+from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
+from ..base.errors import NumaError, shown
 
 PLAN_DIR = "/etc/inferops-numa"
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -85,7 +87,7 @@ def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[systemctl.C
     began = clock()
     warnings = []  # type: List[str]
     if topology is None:
-        from .topology import read
+        from ..read.topology import read
 
         topology = read(root)
     host = _host(root, topology, warnings)
@@ -96,7 +98,7 @@ def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[systemctl.C
 
 
 def _host(root: str, topology: Mapping[str, Any], warnings: List[str]) -> Dict[str, Any]:
-    from .numastat import read_counters
+    from ..read.numastat import read_counters
 
     try:
         counters = read_counters(root)["nodes"]
@@ -670,7 +672,7 @@ def _act(entry: Mapping[str, Any], action: str, run: systemctl.CommandRunner, mi
             return "drift: %s: restart FAILED (rc %d): %s" % (unit, rc, (err or out).strip())
         return "drift: %s: restarted (on_drift restart)" % unit
     if migrate is None:
-        from .kernel import migrate_pages as migrate
+        from ..system.kernel import migrate_pages as migrate
     remote = sorted(int(node) for node in entry["remote_nodes"])
     notes = []
     for pid in entry["pids"]:

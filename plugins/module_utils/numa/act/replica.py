@@ -42,9 +42,9 @@ import os
 import pwd
 import stat
 
-from . import safe_fs
-from .errors import NumaError
-from .safe_fs import READ_FLAGS
+from ..system import safe_fs
+from ..base.errors import NumaError
+from ..system.safe_fs import READ_FLAGS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

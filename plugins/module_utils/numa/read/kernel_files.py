@@ -31,9 +31,9 @@ import errno
 import os
 import stat
 
-from .cpulist import is_kernel_number, parse_integer
-from .errors import NumaError
-from .kernel import has_open_in_root, open_in_root
+from ..base.cpulist import is_kernel_number, parse_integer
+from ..base.errors import NumaError
+from ..system.kernel import has_open_in_root, open_in_root
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,0 +1,1 @@
+"""Layer 3: the planner, a pure function of (topology, request) to a Plan: no file, no syscall."""
