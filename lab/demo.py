@@ -74,7 +74,7 @@ def instance_rows(vm: dict):
         plan = json.loads(labvm.run_ssh(vm, "cat /etc/inferops-numa/%s.plan.json" % name).stdout)
         # Tokens first: making them reads every weight, so the audit then sees the whole model.
         tokens = _tokens_per_second(vm, plan.get("port"))
-        audit = labvm.run_ssh(vm, "/usr/local/bin/numa-pin audit --unit %s --plan-json "
+        audit = labvm.run_ssh(vm, "/usr/local/bin/numa-pin audit --unit %s --plan-file "
                                   "/etc/inferops-numa/%s.plan.json" % (unit, name), check=False)
         report = json.loads(audit.stdout) if audit.stdout.strip() else {}
         yield (name, ",".join(str(n) for n in plan["mem_nodes"]), plan["cpulist"], plan["policy"],

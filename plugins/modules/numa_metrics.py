@@ -32,7 +32,7 @@ options:
     type: path
   services:
     description:
-      - Entries of C(inference_service_list) to plan here (C(name), C(layout), C(model_path) or C(model_size),
+      - Entries of C(inference_service_list) to plan here (C(name), C(layout), C(model) or C(model_size),
         C(gpus), C(policy), ...), their defaults merged as the role merges them (C(fleet_report.yml) runs the
         role's C(tasks/entries.yml) for that); other keys are ignored.
     type: list

@@ -83,7 +83,7 @@ def test_audit_wants_pids_or_a_unit(args, why):
 def test_audit_of_a_pid_reports_where_its_memory_is(tmp_path):
     plan_file = tmp_path / "plan.json"
     plan_file.write_text(json.dumps({"policy": "preferred", "mem_nodes": [0], "cpus": sorted(os.sched_getaffinity(0))}))
-    result = numa_pin("audit", "--pid", str(os.getpid()), "--plan-json", str(plan_file))
+    result = numa_pin("audit", "--pid", str(os.getpid()), "--plan-file", str(plan_file))
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert [process["pid"] for process in report["processes"]] == [os.getpid()]

@@ -69,13 +69,13 @@ def role_plans(tmp_path_factory):
     model = work / "model.gguf"
     model.write_bytes(b"\1" * 3 * 1024 * 1024)
     cases = [
-        {"name": "single", "model_path": str(model)},
+        {"name": "single", "model": str(model)},
         {"name": "nodes", "layout": "per_node", "policy": "bind", "smt": False, "reserve_cpus": "0",
-         "memory_headroom": "0", "on_unfit": "fail", "port_base": 8080, "scope": "node", "model_path": str(model),
+         "memory_headroom": "0", "on_unfit": "fail", "port_base": 8080, "scope": "node", "model": str(model),
          "model_size": 5000000},
         {"name": "gpus", "layout": "per_gpu", "model_size": "1G"},
         {"name": "pinned", "node": 1, "gpus": "none", "page_cache": "replicate", "replica_dir": "/srv/replicas",
-         "model_path": str(model)},
+         "model": str(model)},
     ]
     (work / "case.yml").write_text(yaml.safe_dump(_case_tasks()))
     (work / "plan.yml").write_text(PLAN_PLAYBOOK)

@@ -527,7 +527,7 @@ def test_cli_json_plan_file_and_service_flags_reach_run(fake_host, tmp_path):
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"mem_nodes": [1], "policy": "bind"}))
     out = io.StringIO()
-    args = cli_args("--json", "--pid", "7", "--pid", "8", "--plan-json", str(plan), "--window-seconds", "3",
+    args = cli_args("--json", "--pid", "7", "--pid", "8", "--plan-file", str(plan), "--window-seconds", "3",
                     "--buffer-mb", "96", "--max-seconds", "30")
     assert cost_command.run(args, out) == 0
     assert fake_host["collect"] == ("/", 3.0, [7, 8], None, {"mem_nodes": [1], "policy": "bind"})

@@ -1,5 +1,5 @@
 """judging.OPTIONS, the one table of how an audit judges pages, against everything that spells it out: the
-role's entry options (audit_pages is its pages), numa_audit's argument spec and DOCUMENTATION (top level and
+role's entry options, numa_audit's argument spec and DOCUMENTATION (top level and
 per unit), numa-pin audit's flags and the metrics' per-service defaults."""
 
 import ast
@@ -14,8 +14,6 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import me
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# The role's entry calls pages audit_pages: next to its placement options, "pages" alone would be unclear.
-ROLE_NAMES = {"min_local_percent": "min_local_percent", "pages": "audit_pages"}
 
 
 def _numa_audit_documentation():
@@ -50,7 +48,7 @@ def test_numa_audit_documents_the_table_at_the_top_and_per_unit():
 def test_the_roles_entries_spell_the_table():
     with open(os.path.join(REPO, "roles", "inference_service", "meta", "argument_specs.yml")) as handle:
         spec = yaml.safe_load(handle)["argument_specs"]["main"]["options"]["inference_service_list"]["options"]
-    assert {name: _spelled(spec[ROLE_NAMES[name]]) for name in _table()} == _table()
+    assert {name: _spelled(spec[name]) for name in _table()} == _table()
 
 
 def test_numa_pin_audit_takes_the_table_with_its_defaults():

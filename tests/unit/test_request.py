@@ -49,7 +49,7 @@ def _role_spelling(option):
     """(name, spec) an inference_service_list entry gives the option: one model file; node ids may be YAML numbers.
     No default: the entry's null leaves the planner's, the same at deploy time and at start."""
     if option.name == "model":
-        return "model_path", {"type": "str"}
+        return "model", {"type": "str"}
     if option.name == "node":
         return "node", {"type": "raw"}
     spec = _table_spec(option)

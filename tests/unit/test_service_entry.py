@@ -24,7 +24,7 @@ def entry_spec():
 
 
 def test_per_node_is_one_instance_per_node_with_cpus_each_anchored_on_its_node():
-    wanted = service_requests({"name": "llama", "layout": "per_node", "model_path": "/m/llama.gguf"}, HOST)
+    wanted = service_requests({"name": "llama", "layout": "per_node", "model": "/m/llama.gguf"}, HOST)
     assert wanted["error"] is None and wanted["instances"] == 2
     assert wanted["request"]["anchors"] == "0,3"
     assert wanted["request"]["gpus"] == "none"

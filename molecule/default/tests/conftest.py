@@ -115,8 +115,8 @@ def placement(host, unit: str) -> dict:
     return result
 
 
-def audit(host, unit: str, plan_json: str, pages: str) -> dict:
-    result = host.run("%s audit --unit %s --plan-json %s --pages %s" % (NUMA_PIN, unit, plan_json, pages))
+def audit(host, unit: str, plan_file: str, pages: str) -> dict:
+    result = host.run("%s audit --unit %s --plan-file %s --pages %s" % (NUMA_PIN, unit, plan_file, pages))
     assert result.stdout.strip(), result.stderr
     return json.loads(result.stdout)
 

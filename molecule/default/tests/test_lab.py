@@ -79,7 +79,7 @@ def test_units_verify_clean(host):
 
 
 def test_audit_module_agrees(host):
-    result = host.run("%s audit --unit lab-gpu@0.service --plan-json /etc/inferops-numa/lab-gpu@0.plan.json "
+    result = host.run("%s audit --unit lab-gpu@0.service --plan-file /etc/inferops-numa/lab-gpu@0.plan.json "
                       "--pages anon" % NUMA_PIN)
     assert result.rc == 0, result.stdout + result.stderr
     assert json.loads(result.stdout)["ok"] is True

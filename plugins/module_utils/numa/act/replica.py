@@ -128,7 +128,7 @@ def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str]) -> List[
         if not found:
             raise NumaError("page_cache replicate: no server argument is the model path %s, so the server would "
                             "read the shared file: write the model's path in the command exactly as in "
-                            "--model (role: model_path)" % source)
+                            "--model (a service entry's model)" % source)
     return result
 
 

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long to sample the remote-allocation counters (default %(default)s)")
     parser.add_argument("--pid", type=int, action="append", dest="pids", help="a PID of the service to inspect")
     parser.add_argument("--unit", help="the systemd unit of the service to inspect")
-    parser.add_argument("--plan-json", help="the service's plan (JSON from numa-pin explain)")
+    parser.add_argument("--plan-file", help="the service's plan (JSON from numa-pin explain)")
     parser.add_argument("--json", action="store_true", help="print the full result as JSON instead of tables")
 
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """Measure and print; NumaError is left to the CLI's edge."""
     options = cost.CostOptions(buffer_mb=args.buffer_mb, small_kb=args.small_kb, chase_steps=args.chase_steps,
                                repeats=args.repeats, max_seconds=args.max_seconds, rounds=args.rounds)
-    plan = load_plan(args.plan_json) if args.plan_json else None
+    plan = load_plan(args.plan_file) if args.plan_file else None
     result = cost.run(options, args.window_seconds, args.pids, args.unit, plan, progress=_progress)
     out.write(json.dumps(result, indent=2, sort_keys=True) + "\n" if args.json else format_table(result))
     return 0

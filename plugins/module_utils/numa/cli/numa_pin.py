@@ -229,7 +229,7 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     audit.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
                        help="a process to audit (repeatable)")
     audit.add_argument("--unit", metavar="NAME", help="a systemd unit: audits every process of its cgroup")
-    audit.add_argument("--plan-json", metavar="FILE",
+    audit.add_argument("--plan-file", metavar="FILE",
                        help="the plan file the service was started with (expected nodes and CPUs)")
     _add_judging_options(audit)
     audit.add_argument("--wait-seconds", type=float, default=0.0, metavar="SECONDS",
@@ -368,7 +368,7 @@ def run_exec(args: Args, server_argv: List[str]) -> int:
 def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
     from ..read.audit import audit_service, load_plan
 
-    plan = load_plan(args.plan_json) if args.plan_json else None
+    plan = load_plan(args.plan_file) if args.plan_file else None
     report = audit_service(args.pid, args.unit, plan, args.min_local_percent, args.pages,
                            wait_seconds=args.wait_seconds)
     _print_json(report)

@@ -3,7 +3,7 @@
 ``OPTIONS`` holds the name, type, default and choices of the options that say when a service's pages are
 local enough; ``numa-pin audit``'s flags (cli.py), numa_audit's argument spec (``argument_spec``), the
 metrics' per-service settings (metrics.py) and the fleet report's defaults are built from it. The
-inference_service role's ``min_local_percent`` and ``audit_pages`` and numa_audit's DOCUMENTATION are text
+inference_service role's ``min_local_percent`` and ``pages`` and numa_audit's DOCUMENTATION are text
 for people; tests/unit/test_judging.py holds them to it.
 
 Pure: no I/O.

@@ -21,7 +21,7 @@ LAYOUTS = ("single", "per_node", "per_gpu", "gpu_groups")
 # meta/argument_specs.yml's default, for an entry given without its defaults merged (tests hold them equal).
 DEFAULT_LAYOUT = "single"
 # The entry's keys that are request options of the same name (request.OPTIONS).
-SAME_NAME_KEYS = ("node", "memory_headroom", "smt", "reserve_cpus", "scope", "policy", "on_unfit", "engine",
+SAME_NAME_KEYS = ("model", "node", "memory_headroom", "smt", "reserve_cpus", "scope", "policy", "on_unfit", "engine",
                   "page_cache", "replica_dir", "port_base")
 
 
@@ -69,13 +69,11 @@ def _no_instance_reason(layout: str, cpu_nodes: int, gpus: int, per_instance: An
 
 def _request(entry: Mapping[str, Any], layout: str, count: int, with_cpus: List[int]) -> Dict[str, Any]:
     request = {key: entry.get(key) for key in SAME_NAME_KEYS}
-    model = entry.get("model_path")
     request.update({
         # per_gpu gives each instance one GPU; per_node is the CPU layout (no GPU unless asked); else the default.
         "gpus": entry.get("gpus") if entry.get("gpus") is not None else
         1 if layout == "per_gpu" else "none" if layout == "per_node" else None,
-        "model": model,
-        "model_size": entry.get("model_size") if entry.get("model_size") is not None else model,
+        "model_size": entry.get("model_size") if entry.get("model_size") is not None else entry.get("model"),
         "instances": count,
         # per_node means instance i on the i-th node with CPUs. Fixed at deploy time so the spread stays stable:
         # planned again later (next deploy, next start), the running instances' own memory would otherwise count
