@@ -2,12 +2,8 @@
 from the unit's flags, with the argument specs' entry defaults."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-import yaml
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
@@ -16,48 +12,19 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placemen
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.fixtures import sysfs
-from tests.tools import ansible_command
-from tests.unit.test_request import REPO, ROLE, _role_request_names, _role_yaml, _service_task
+from tests.integration.role_planning import planning_tasks, run_playbook
+from tests.unit.test_request import ROLE, _role_request_names, _role_yaml
 
-
-PLANNING_TASKS = ("Build the placement request of each instance", "Check the layout fits this host",
-                  "Note the instance count and the request", "Plan each instance")
-
-
-PLAN_PLAYBOOK = """\
-- name: Plan each case as the inference_service role does
-  hosts: localhost
-  connection: local
-  gather_facts: false
-  module_defaults:
-    inferops.numa.numa_plan:
-      root: "{{ root }}"
-  tasks:
-    - name: Read the captured host
-      inferops.numa.numa_facts:
-        root: "{{ root }}"
-    - name: Plan every case
-      ansible.builtin.include_tasks: case.yml
-      loop: "{{ cases }}"
-      loop_control:
-        loop_var: _case
-    - name: Keep what the role asked and numa_plan answered, and the entry defaults the role read
-      ansible.builtin.copy:
-        content: "{{ {'planned': planned, 'entry_defaults': inference_service_entry_defaults} | to_json }}"
-        dest: "{{ out }}"
-        mode: "0644"
-"""
-
-
-def _case_tasks():
-    """The role's own planning tasks between a set_fact that resolves the entry and one that keeps the outcome."""
-    resolve = {"name": "Resolve the entry", "ansible.builtin.set_fact": {
-        "_inference_service_cfg": "{{ inference_service_entry_defaults | combine(_case) }}",
-        "_inference_service_unit": "{{ _case.name }}"}}
-    keep = {"name": "Keep the outcome", "ansible.builtin.set_fact": {
-        "planned": "{{ planned | default([]) + [{'request': _inference_service_request, "
-                   "'plans': _inference_service_plans.results | map(attribute='plan') | list}] }}"}}
-    return [resolve] + [_service_task(name) for name in PLANNING_TASKS] + [keep]
+TASKS = [
+    {"name": "Plan every case", "ansible.builtin.include_tasks": "case.yml", "loop": "{{ cases }}",
+     "loop_control": {"loop_var": "_case"}},
+    {"name": "Note what the role asked and numa_plan answered, and the entry defaults the role read",
+     "ansible.builtin.set_fact": {
+         "kept": "{{ {'planned': planned, 'entry_defaults': inference_service_entry_defaults} }}"}},
+]
+# Each case resolved as tasks/main.yml resolves an entry, then the role's own planning tasks.
+RESOLVE = {"name": "Resolve the entry", "ansible.builtin.set_fact": {
+    "_inference_service_cfg": "{{ inference_service_entry_defaults | combine(_case) }}"}}
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +44,10 @@ def role_plans(tmp_path_factory):
         {"name": "pinned", "node": 1, "gpus": "none", "page_cache": "replicate", "replica_dir": "/srv/replicas",
          "model": str(model)},
     ]
-    (work / "case.yml").write_text(yaml.safe_dump(_case_tasks()))
-    (work / "plan.yml").write_text(PLAN_PLAYBOOK)
-    out = work / "planned.json"
-    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, out=str(out), role_path=ROLE,
+    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, role_path=ROLE,
                      inference_service_defaults={}, inference_service_plan_dir=str(work / "plans"))
-    (work / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    done = subprocess.run([ansible_command("ansible-playbook"), "-i", "localhost,", str(work / "plan.yml"),
-                           "-e", "@" + str(work / "vars.json"), "-e", "ansible_python_interpreter=" + sys.executable],
-                          cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          universal_newlines=True, check=False)
-    assert done.returncode == 0 and out.exists(), done.stdout
-    assert "[WARNING]" not in done.stdout, done.stdout
-    written = json.loads(out.read_text())
+    written, output = run_playbook(work, TASKS, {"case.yml": [RESOLVE] + planning_tasks("planned")}, variables)
+    assert "[WARNING]" not in output, output
     return ([(case, outcome["request"], outcome["plans"]) for case, outcome in zip(cases, written["planned"])], root,
             written["entry_defaults"])
 
