@@ -1,11 +1,8 @@
 """The cost engine on fake measurements: pairs, reasons, matrices, ratios, budget, children."""
 
 import errno
-import os
 import random
 import re
-import signal
-import time
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -396,46 +393,6 @@ def test_every_pair_is_either_measured_or_explained(topology, outcomes, max_seco
                 assert result["unmeasured"][key].strip()
     assert len(result["unmeasured"]) + len(result["placement"]) == len(nodes) ** 2
     assert now[0] <= max_seconds + 2.0  # never starts a pair the budget has no room for
-
-
-# --- the forked child ---------------------------------------------------------------------------------
-
-def _gone(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
-def test_run_forked_returns_the_childs_dict():
-    assert cost.run_forked(lambda: {"latency_ns": 1.5, "pid": os.getpid()}, 10)["latency_ns"] == 1.5
-
-
-def test_run_forked_kills_and_reaps_a_child_past_its_deadline(tmp_path):
-    marker = tmp_path / "pid"
-
-    def hang():
-        marker.write_text(str(os.getpid()))
-        time.sleep(60)
-        return {}
-    begin = time.monotonic()
-    assert cost.run_forked(hang, 0.5) is None
-    assert time.monotonic() - begin < 10
-    assert _gone(int(marker.read_text()))
-
-
-def test_run_forked_reports_a_crash_as_an_error_not_an_exception():
-    def boom():
-        raise ZeroDivisionError("division by zero")
-    assert cost.run_forked(boom, 10) == {"error": "measurement failed: ZeroDivisionError: division by zero"}
-    numa = cost.run_forked(lambda: (_ for _ in ()).throw(NumaError("cause and fix")), 10)
-    assert numa == {"error": "cause and fix"}
-
-
-def test_run_forked_explains_a_child_killed_before_reporting():
-    result = cost.run_forked(lambda: os.kill(os.getpid(), signal.SIGKILL), 10)
-    assert "died before reporting" in result["error"]
 
 
 # --- presentation ---------------------------------------------------------------------------------------
