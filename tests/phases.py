@@ -19,9 +19,10 @@ collection supports.
 
 Every pytest phase runs its tests in a shuffled order (modules, and the tests in each: tests/conftest.py's
 --shuffle), one seed for the whole run, printed first and in the summary: `INFEROPS_NUMA_SHUFFLE=SEED make
-test` replays it. The phases set INFEROPS_NUMA_REQUIRE_TOOLS=1: a tool or fixture this run installs (the apt
-packages, the venv's commands, ../shared/fixtures) that is missing fails its test instead of skipping it
-(tests/tools.py), and the table counts each phase's skips from pytest's summary line.
+test` replays it. The phases set INFEROPS_NUMA_REQUIRE_TOOLS=1: a tool this run installs (the apt packages, the
+venv's commands) that is missing fails its test instead of skipping it (tests/tools.py); the captured machines of
+../shared, which no run installs, skip cleanly when absent; the table counts each phase's skips from pytest's
+summary line.
 
 Each phase writes build/logs/<phase>.log; foreground phases also print to the console. A failed
 phase does not stop the phases that do not need it, so one run reports every failure. The run

@@ -28,15 +28,16 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
+from tests.tools import HWLOC_DUMPS, hwloc_dumps
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")
+DUMPS = HWLOC_DUMPS
 # Many nodes; a large machine (256 CPUs, 64 nodes); PCI devices behind sysfs symlinks.
 MACHINES = {"16amd64-8n2c": 150, "256ia64-64n2s2c": 90, "32em64t-2n8c+dax+nvme+mic+dimms": 150}
 SEED = 14
 CASE_SECONDS = 20  # far above a case's ~0.1 s, for a loaded 2-core machine
 
-pytestmark = pytest.mark.skipif(not all(os.path.exists(os.path.join(DUMPS, name + ".tar.bz2")) for name in MACHINES),
-                                reason="../shared/fixtures/hwloc-linux not present (plain clone)")
+pytestmark = hwloc_dumps(*MACHINES)
 
 CANARY = "987654321"
 STASHED = itertools.count()

@@ -24,13 +24,12 @@ import pytest
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import PlacementError, Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
-from tests.tools import ansible_command, needs
+from tests.tools import HWLOC_DUMPS, ansible_command, hwloc_dumps, needs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-DUMPS = os.path.join(os.path.dirname(REPO), "shared", "fixtures", "hwloc-linux")
-TARBALLS = sorted(glob.glob(os.path.join(DUMPS, "*.tar.bz2")))
+TARBALLS = sorted(glob.glob(os.path.join(HWLOC_DUMPS, "*.tar.bz2")))
 
-pytestmark = needs(not TARBALLS, "../shared/fixtures/hwloc-linux not present (plain clone)")
+pytestmark = hwloc_dumps()
 
 
 @pytest.fixture(scope="session")

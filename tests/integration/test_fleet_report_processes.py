@@ -11,7 +11,7 @@ import pytest
 from ansible_collections.inferops.numa.plugins.plugin_utils import report_pages
 
 from tests.fixtures import sysfs
-from tests.tools import ansible_command, missing
+from tests.tools import ansible_command, hwloc_dumps
 from tests.unit.test_fleet_report import REPO
 
 sys.path.insert(0, os.path.join(REPO, "bench"))
@@ -33,9 +33,8 @@ UNREACHABLE = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansibl
                "ansible_ssh_common_args": "-o ConnectTimeout=5"}
 
 
+@hwloc_dumps()
 def test_a_simulated_fleet_gets_one_page_with_its_unreachable_and_failed_hosts(tmp_path):
-    if not os.path.isdir(fleet_bench.DUMPS):
-        missing("no captured machines in %s" % fleet_bench.DUMPS)
     roots = fleet_bench.extract_machines(str(tmp_path / "machines"))
     chosen = [root for root in roots if os.path.basename(root) in ("16amd64-8n2c", "40intel64-2g2n4c+pci",
                                                                     "2arm-2c")]

@@ -11,17 +11,15 @@ import subprocess
 import sys
 from contextlib import ExitStack
 
-import pytest
-
-from tests.conformance.test_fuzz_reader import (DUMPS, MACHINES, NODE_DIR, SEED, check_facts, escaping_symlink, fifo, huge,
-                                         machines)  # noqa: F401 - machines: the fixture, used by name
+from tests.conformance.test_fuzz_reader import (  # noqa: F401 - machines: the fixture, used by name
+    MACHINES, NODE_DIR, SEED, check_facts, escaping_symlink, fifo, huge, machines)
+from tests.tools import hwloc_dumps
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE_PARENT = os.path.join(REPO, "plugins", "module_utils")
 CLI_CASES = 3
 
-needs_dumps = pytest.mark.skipif(not all(os.path.exists(os.path.join(DUMPS, name + ".tar.bz2")) for name in MACHINES),
-                                 reason="../shared/fixtures/hwloc-linux not present (plain clone)")
+needs_dumps = hwloc_dumps(*MACHINES)
 
 
 def numa_pin(*args):
