@@ -82,17 +82,20 @@ def health(host, port: int) -> dict:
 INTERLEAVED_MIN_SHARE = 0.25
 
 
-def share(pages: dict, node: int) -> float:
+def share(pages: dict, node: int, nodes=None) -> float:
+    """The share of ``pages`` ({"N0": bytes}) on ``node`` (or on any of ``nodes``)."""
     total = sum(pages.values())
-    return pages.get("N%d" % node, 0) / float(total) if total else 0.0
+    wanted = {node} if nodes is None else set(nodes)
+    return sum(size for key, size in pages.items() if int(key[1:]) in wanted) / float(total) if total else 0.0
 
 
 def placement(host, unit: str) -> dict:
     """Where the unit's main process runs and its pages are, read from the guest's /proc here.
 
     Deliberately not numa-pin's audit code: the lab checks our code with separate code.
-    Returns pid, comm, cpus (Cpus_allowed_list), policies (every numa_maps policy seen) and
-    anon/file pages per node ({"N0": pages}).
+    Returns pid, comm, cpus (Cpus_allowed_list), threads ({tid: its Cpus_allowed_list}, every thread of
+    /proc/<pid>/task), policies (every numa_maps policy seen) and anon/file bytes per node ({"N0": bytes},
+    each mapping's page counts times its kernelpagesize_kB).
     """
     pid = host.service(unit).systemd_properties["MainPID"]
     assert pid not in ("", "0"), "%s has no main process" % unit
@@ -100,25 +103,37 @@ def placement(host, unit: str) -> dict:
     cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()
                 if line.startswith("Cpus_allowed_list:"))
     result = {"pid": int(pid), "comm": host.file("/proc/%s/comm" % pid).content_string.strip(), "cpus": cpus,
-              "policies": set(), "anon": {}, "file": {}}
+              "threads": threads(host, pid), "policies": set(), "anon": {}, "file": {}}
     for line in host.file("/proc/%s/numa_maps" % pid).content_string.splitlines():
         words = line.split()
         if len(words) < 2:
             continue
         result["policies"].add(words[1])
-        kind = "anon" if any(word.startswith("anon=") for word in words) else (
-            "file" if any(word.startswith("file=") for word in words) else None)
-        for word in words[2:]:
-            key, _, value = word.partition("=")
+        fields = dict(word.partition("=")[::2] for word in words[2:] if "=" in word)
+        kind = "anon" if "anon" in fields else "file" if "file" in fields else None
+        page_bytes = int(fields.get("kernelpagesize_kB", "4")) * 1024
+        for key, value in fields.items():
             if kind and key[:1] == "N" and key[1:].isdigit() and value.isdigit():
-                result[kind][key] = result[kind].get(key, 0) + int(value)
+                result[kind][key] = result[kind].get(key, 0) + int(value) * page_bytes
     return result
 
 
-def audit(host, unit: str, plan_file: str, pages: str) -> dict:
-    result = host.run("%s audit --unit %s --plan-file %s --pages %s" % (NUMA_PIN, unit, plan_file, pages))
-    assert result.stdout.strip(), result.stderr
-    return json.loads(result.stdout)
+def threads(host, pid) -> dict:
+    """{tid: Cpus_allowed_list} of every thread of the process, from /proc/<pid>/task/<tid>/status."""
+    found = host.run("grep -H '^Cpus_allowed_list:' /proc/%s/task/*/status" % pid)
+    assert found.rc == 0, found.stderr
+    allowed = {}
+    for line in found.stdout.splitlines():
+        path, _, value = line.partition(":Cpus_allowed_list:")
+        allowed[int(path.split("/")[4])] = value.strip()
+    return allowed
+
+
+def journal(host, unit: str) -> str:
+    """The journal of the unit's current run only: earlier runs of the same name say other things."""
+    invocation = host.service("%s.service" % unit).systemd_properties["InvocationID"]
+    assert invocation, "%s.service has no invocation id" % unit
+    return host.run("journalctl _SYSTEMD_INVOCATION_ID=%s --no-pager -o cat" % invocation).stdout
 
 
 # ------------------------------------------------------------------------- layouts ---

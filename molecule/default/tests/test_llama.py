@@ -4,8 +4,9 @@ llama-server mmaps its model, so the weights are page cache. The per-node servic
 copy per node (page_cache replicate); the trap it avoids is shown on the shared file with
 transient units: a second instance on the other node reads remote weights, numa-pin's evict
 cannot help while the first instance maps them, and fixes them once nobody does.
-Placement is read back from the guest's /proc (numa-pin audit reads numa_maps and every
-thread's status), tokens from llama-server's own /completion timings.
+Placement is read back from the guest's /proc by the lab's own parser (conftest.placement: numa_maps
+and every thread's status), never by numa-pin's audit, which is what is being checked; tokens from
+llama-server's own /completion timings.
 
 One token reads every weight (and llama-server's start-up warm-up already did); each instance
 is asked for two, because the first comes from the prompt's pass and only the second is timed
@@ -17,7 +18,7 @@ import os
 
 import pytest
 
-from conftest import INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, audit, budget, node_cpus, wait_until
+from conftest import INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, journal, node_cpus, placement, share, wait_until
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -55,8 +56,12 @@ def answers(host):
     return {unit: completion(host, port) for unit, port in sorted(PORTS.items())}
 
 
-def file_bytes(report, nodes=None):
-    return sum(entry["file_bytes"] for node, entry in report["nodes"].items() if nodes is None or int(node) in nodes)
+def local_share(where, node, kind):
+    """The share of the process's ``kind`` pages (anon, file, or all) on ``node``, from the lab's own parser."""
+    pages = dict(where["anon"]) if kind != "file" else {}
+    for key, size in (where["file"].items() if kind != "anon" else ()):
+        pages[key] = pages.get(key, 0) + size
+    return share(pages, node)
 
 
 def model_size(host, path):
@@ -76,17 +81,16 @@ def test_completion_returns_tokens(answers, unit):
 
 @pytest.mark.parametrize("unit", sorted(PER_NODE))
 def test_every_thread_is_on_its_node(host, answers, unit):
-    report = audit(host, unit, "/etc/inferops-numa/%s.plan.json" % unit, "all")
+    where = placement(host, unit)
     cpus = node_cpus(host, PER_NODE[unit][1])
-    process = report["processes"][0]
-    assert process["cpus_allowed"] == cpus and process["thread_count"] > 1
-    assert not process["threads_outside"], process["threads_outside"]
+    assert where["cpus"] == cpus and len(where["threads"]) > 1, where["threads"]
+    assert set(where["threads"].values()) == {cpus}, where["threads"]
 
 
 @pytest.mark.parametrize("unit", sorted(PER_NODE))
 def test_the_llama_cpp_recipe_leaves_numa_modes_out(host, answers, unit):
     """engine: llama.cpp adds no --numa: in every mode ggml resets the main thread's affinity to all CPUs
-    after each graph (seen here: threads on 0-3 with --numa numactl). The audit checks every thread."""
+    after each graph (seen here: threads on 0-3 with --numa numactl). Every thread is checked."""
     pid = host.run("systemctl show -p MainPID --value %s" % unit).stdout.strip()
     argv = host.file("/proc/%s/cmdline" % pid).content_string.split("\0")
     assert argv[0] == SERVER and not any(arg.startswith("--numa") for arg in argv), argv
@@ -102,21 +106,20 @@ def test_each_instance_maps_its_own_local_copy_of_the_model(host, answers, unit)
     node = PER_NODE[unit][1]
     maps = maps_of(host, unit)
     assert "/var/lib/llama/node%d/" % node in maps and SHARED_MODEL not in maps
-    report = audit(host, unit, "/etc/inferops-numa/%s.plan.json" % unit, "all")
-    assert report["ok"], report["msg"]
+    where = placement(host, unit)
     # Anonymous and file pages alike, and the file pages are the whole model (read for the tokens).
-    assert report["local_percent"] >= 99 and report["file_local_percent"] >= 99, report["msg"]
-    assert file_bytes(report) >= 0.95 * model_size(host, SHARED_MODEL), report["nodes"]
+    assert local_share(where, node, "all") >= 0.99 and local_share(where, node, "file") >= 0.99, where
+    assert sum(where["file"].values()) >= 0.95 * model_size(host, SHARED_MODEL), where["file"]
 
 
 def test_the_oversized_model_is_interleaved(host, answers):
     unit, _port = BIG
     plan = json.loads(host.file("/etc/inferops-numa/%s.plan.json" % unit).content_string)
     assert plan["policy"] == "interleave" and plan["mem_nodes"] == [0, 1]
-    report = audit(host, unit, "/etc/inferops-numa/%s.plan.json" % unit, "file")
-    assert file_bytes(report) >= 0.95 * model_size(host, BIG_MODEL), report["nodes"]
+    where = placement(host, unit)
+    assert sum(where["file"].values()) >= 0.95 * model_size(host, BIG_MODEL), where["file"]
     for node in (0, 1):
-        assert file_bytes(report, {node}) / float(file_bytes(report)) >= INTERLEAVED_MIN_SHARE, report["nodes"]
+        assert share(where["file"], node) >= INTERLEAVED_MIN_SHARE, where["file"]
 
 
 def test_report_tokens_per_second(answers):
@@ -150,17 +153,12 @@ def start_on_node(host, node, page_cache):
     return unit
 
 
-def journal(host, unit):
-    """The journal of the unit's current run only: earlier runs of the same name say other things."""
-    invocation = host.service("%s.service" % unit).systemd_properties["InvocationID"]
-    assert invocation, "%s.service has no invocation id" % unit
-    return host.run("journalctl _SYSTEMD_INVOCATION_ID=%s --no-pager -o cat" % invocation).stdout
-
-
 def file_local_percent(host, unit):
-    report = audit(host, unit + ".service", "/run/%s.plan.json" % unit, "file")
-    assert file_bytes(report) >= 0.95 * model_size(host, SHARED_MODEL), report["nodes"]
-    return report["file_local_percent"]
+    """The share of the model's cached pages the instance maps that are on its plan's node, in percent."""
+    (node,) = json.loads(host.file("/run/%s.plan.json" % unit).content_string)["mem_nodes"]
+    where = placement(host, unit + ".service")
+    assert sum(where["file"].values()) >= 0.95 * model_size(host, SHARED_MODEL), where["file"]
+    return 100.0 * share(where["file"], node)
 
 
 def stop(host, *units):
