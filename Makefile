@@ -44,7 +44,7 @@ apt:
 # The pure tests (tests/unit: no subprocess, no Ansible run, no network), in well under a minute. `make test` runs
 # them and the integration, docs and tooling tests (tests/<kind>/), shuffled, with every tool they need installed.
 unit: venv
-	$(BIN)/pytest -q -p no:cacheprovider tests/unit
+	$(BIN)/pytest -q -n auto -p no:cacheprovider tests/unit
 
 # Every check, as timed phases overlapped on two cores; ends with a table of phases and wall times.
 test:
