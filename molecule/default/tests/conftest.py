@@ -82,11 +82,10 @@ def health(host, port: int) -> dict:
 INTERLEAVED_MIN_SHARE = 0.25
 
 
-def share(pages: dict, node: int, nodes=None) -> float:
-    """The share of ``pages`` ({"N0": bytes}) on ``node`` (or on any of ``nodes``)."""
+def share(pages: dict, node: int) -> float:
+    """The share of ``pages`` ({"N0": bytes}) on ``node``."""
     total = sum(pages.values())
-    wanted = {node} if nodes is None else set(nodes)
-    return sum(size for key, size in pages.items() if int(key[1:]) in wanted) / float(total) if total else 0.0
+    return pages.get("N%d" % node, 0) / float(total) if total else 0.0
 
 
 def placement(host, unit: str) -> dict:
