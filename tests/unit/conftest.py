@@ -5,6 +5,10 @@ import subprocess
 
 import pytest
 
+# Ansible's display, imported first inside a test, asks ldconfig where libc is (ctypes.util.find_library): a process
+# the library starts once per interpreter, not one the code under test starts. Imported here, before the guard.
+import ansible.utils.display  # noqa: F401
+
 SPAWNERS = {os: ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "execv", "execve", "execvp", "execvpe",
                  "spawnv", "spawnve", "spawnvp", "spawnvpe"),
             subprocess: ("Popen",)}

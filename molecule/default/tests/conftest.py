@@ -93,28 +93,41 @@ def placement(host, unit: str) -> dict:
 
     Deliberately not numa-pin's audit code: the lab checks our code with separate code.
     Returns pid, comm, cpus (Cpus_allowed_list), threads ({tid: its Cpus_allowed_list}, every thread of
-    /proc/<pid>/task), policies (every numa_maps policy seen) and anon/file bytes per node ({"N0": bytes},
-    each mapping's page counts times its kernelpagesize_kB).
+    /proc/<pid>/task), policies (every numa_maps policy seen) and bytes per node ({"N0": bytes}, each mapping's
+    page counts times its kernelpagesize_kB) of three kinds: anon (no file, or only anonymous pages), code (any
+    mapping of a file the process maps executable: the server's binary and libraries, one copy per host wherever
+    it was first read, so never the service's to place) and file (the rest: the model's page cache).
     """
     pid = host.service(unit).systemd_properties["MainPID"]
     assert pid not in ("", "0"), "%s has no main process" % unit
     status = host.file("/proc/%s/status" % pid).content_string
     cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()
                 if line.startswith("Cpus_allowed_list:"))
+    images = executable_files(host.file("/proc/%s/maps" % pid).content_string)
     result = {"pid": int(pid), "comm": host.file("/proc/%s/comm" % pid).content_string.strip(), "cpus": cpus,
-              "threads": threads(host, pid), "policies": set(), "anon": {}, "file": {}}
+              "threads": threads(host, pid), "policies": set(), "anon": {}, "file": {}, "code": {}}
     for line in host.file("/proc/%s/numa_maps" % pid).content_string.splitlines():
         words = line.split()
         if len(words) < 2:
             continue
         result["policies"].add(words[1])
         fields = dict(word.partition("=")[::2] for word in words[2:] if "=" in word)
-        kind = "anon" if "anon" in fields else "file" if "file" in fields else None
+        counts = {key: int(value) for key, value in fields.items()
+                  if key[:1] == "N" and key[1:].isdigit() and value.isdigit()}
+        if "file" not in fields or int(fields.get("anon", "0")) >= sum(counts.values()):
+            kind = "anon"
+        else:
+            kind = "code" if fields["file"] in images else "file"
         page_bytes = int(fields.get("kernelpagesize_kB", "4")) * 1024
-        for key, value in fields.items():
-            if kind and key[:1] == "N" and key[1:].isdigit() and value.isdigit():
-                result[kind][key] = result[kind].get(key, 0) + int(value) * page_bytes
+        for key, count in counts.items():
+            result[kind][key] = result[kind].get(key, 0) + count * page_bytes
     return result
+
+
+def executable_files(maps: str) -> set:
+    """The paths a /proc/<pid>/maps text maps with execute permission (fields: range perms offset dev inode path)."""
+    return {words[5] for words in (line.split(None, 5) for line in maps.splitlines())
+            if len(words) == 6 and "x" in words[1] and words[5].startswith("/")}
 
 
 def threads(host, pid) -> dict:

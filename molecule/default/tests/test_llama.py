@@ -57,7 +57,8 @@ def answers(host):
 
 
 def local_share(where, node, kind):
-    """The share of the process's ``kind`` pages (anon, file, or all) on ``node``, from the lab's own parser."""
+    """The share of the process's ``kind`` pages (anon, file, or all: both, the binary and libraries left out) on
+    ``node``, from the lab's own parser."""
     pages = dict(where["anon"]) if kind != "file" else {}
     for key, size in (where["file"].items() if kind != "anon" else ()):
         pages[key] = pages.get(key, 0) + size
