@@ -124,6 +124,12 @@ SSH_USER = "root"
 # Boots come before any calibration, so this cap is fixed: over 10x the 60-70 s a boot to SSH takes
 # on the reference machine. Waiting stops early when QEMU exits.
 BOOT_TIMEOUT = 900.0
+# A boot whose console prints nothing for this long while SSH does not answer has hung: seen once under TCG on a
+# loaded host, the kernel stopped after "sched_clock: Marking stable" and never went on. A normal boot's console
+# is never silent for a minute before sshd answers (the longest gap measured: ~25 s); the guest is then reset
+# through QEMU's monitor, at most MAX_RESETS times per wait.
+CONSOLE_STALL_SECONDS = 240.0
+MAX_RESETS = 2
 # The fixed workload timed in the guest at every boot: Python starts (what every Ansible module and
 # numa-pin pay) and a pure-Python loop (the guest's CPU speed under TCG).
 CALIBRATION_SCRIPT = """
@@ -446,6 +452,8 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
         "-device", "virtio-9p-pci,fsdev=share,mount_tag=labshare,bus=pcie.0",
         "-vga", "none", "-display", "none",
         "-serial", "file:%s" % (state / "serial.log"),
+        # The human monitor, to reset a guest whose boot hung (wait_for_ssh).
+        "-monitor", "unix:%s,server=on,wait=off" % (state / "monitor.sock"),
         "-daemonize", "-pidfile", str(state / "qemu.pid"),
     ]
     return argv
@@ -527,14 +535,17 @@ def serial_tail(name: str, lines: int = 40) -> str:
 
 
 def wait_for_ssh(info: Dict[str, object], timeout: float = BOOT_TIMEOUT,
-                 not_boot_id: Optional[str] = None) -> str:
+                 not_boot_id: Optional[str] = None, log=sys.stderr) -> str:
     """Poll until the guest runs commands over SSH; returns its boot id.
 
     slirp accepts TCP on the forwarded port before sshd runs, so only a real
     command proves readiness. not_boot_id waits for a *new* boot after a reboot.
+    A console silent for CONSOLE_STALL_SECONDS meanwhile is a hung boot: the guest is reset.
     """
     name = str(info["instance"])
     deadline = time.monotonic() + timeout
+    console = ConsoleWatch(state_dir(name) / "serial.log")
+    resets = 0
     while True:
         if running_pid(name) is None:
             raise LabError("QEMU for %r exited during boot; serial.log tail:\n%s"
@@ -552,7 +563,59 @@ def wait_for_ssh(info: Dict[str, object], timeout: float = BOOT_TIMEOUT,
         if time.monotonic() > deadline:
             raise LabError("guest %r not reachable over SSH after %.0f s; serial.log tail:\n%s"
                            % (name, timeout, serial_tail(name)))
+        if console.silent_for() > CONSOLE_STALL_SECONDS and resets < MAX_RESETS:
+            resets += 1
+            print("labvm: %s's console silent for %.0f s and no SSH: the boot hung (%s); resetting the guest "
+                  "(%d of %d)" % (name, console.silent_for(), serial_last_line(name) or "no console output",
+                                  resets, MAX_RESETS), file=log, flush=True)
+            monitor_command(name, "system_reset")
+            console = ConsoleWatch(state_dir(name) / "serial.log")
         time.sleep(2)
+
+
+class ConsoleWatch:
+    """How long a serial log has not grown."""
+
+    def __init__(self, path: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.path = path
+        self.clock = clock
+        self.size = self._size()
+        self.since = clock()
+
+    def _size(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return -1
+
+    def silent_for(self) -> float:
+        size = self._size()
+        if size != self.size:
+            self.size, self.since = size, self.clock()
+        return self.clock() - self.since
+
+
+def monitor_command(name: str, command: str, timeout: float = 10.0) -> str:
+    """Send one command to guest NAME's QEMU monitor (its state dir's monitor.sock); returns what it printed."""
+    path = str(state_dir(name) / "monitor.sock")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(command.encode() + b"\n")
+            time.sleep(0.5)
+            sock.settimeout(0.5)
+            answer = b""
+            with contextlib.suppress(socket.timeout):
+                while True:
+                    chunk = sock.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+    except OSError as err:
+        raise LabError("QEMU monitor of %r (%s): %s; the guest was started without one: run `lab/labvm.py "
+                       "down --name %s` and boot it again" % (name, path, err.strerror or err, name))
+    return answer.decode(errors="replace")
 
 
 def reboot_wait(ref: InstanceRef, timeout: float = BOOT_TIMEOUT, log=sys.stderr) -> float:
@@ -569,7 +632,7 @@ def reboot_wait(ref: InstanceRef, timeout: float = BOOT_TIMEOUT, log=sys.stderr)
         pass
     name = str(info["instance"])
     with progress("rebooting %s, waiting for SSH" % name, log, lambda: serial_last_line(name)):
-        wait_for_ssh(info, timeout, not_boot_id=old)
+        wait_for_ssh(info, timeout, not_boot_id=old, log=log)
     return time.monotonic() - started
 
 
@@ -655,7 +718,7 @@ def _boot_and_calibrate(info: Dict[str, object], timeout: float, started: float,
     try:
         with progress("booting %s (TCG), waiting for SSH on port %s" % (name, info["port"]), log,
                       lambda: serial_last_line(name)):
-            wait_for_ssh(info, timeout)
+            wait_for_ssh(info, timeout, log=log)
         with progress("timing the calibration workload in %s" % name, log):
             info["calibration"] = calibrate(info)
     except LabError:

@@ -206,3 +206,70 @@ def test_an_image_build_step_says_what_it_runs(monkeypatch):
     monkeypatch.setattr(labvm, "PROGRESS_SECONDS", 0.05)
     labvm._run([sys.executable, "-c", "import time; time.sleep(0.2)"], "mmdebstrap (Debian bookworm)", log)
     assert "labvm: building the lab image: mmdebstrap (Debian bookworm): " in log.getvalue()
+
+
+def test_the_guest_has_a_monitor_socket_in_its_state_dir(tmp_path):
+    argv = labvm.qemu_argv(tmp_path / "img", tmp_path / "run", numa=2, port=2222)
+    assert _option_values(argv, "-monitor") == ["unix:%s,server=on,wait=off" % (tmp_path / "run" / "monitor.sock")]
+
+
+def test_console_watch_counts_silence_from_the_last_growth(tmp_path):
+    log = tmp_path / "serial.log"
+    log.write_text("boot\n")
+    now = [100.0]
+    watch = labvm.ConsoleWatch(log, clock=lambda: now[0])
+    now[0] = 130.0
+    assert watch.silent_for() == 30.0
+    log.write_text("boot\nmore\n")
+    assert watch.silent_for() == 0.0
+    now[0] = 400.0
+    assert watch.silent_for() == 270.0
+
+
+def _monitor(path, received):
+    import socket
+    import threading
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"QEMU 7.2.0 monitor - type 'help' for more information\n(qemu) ")
+            received.append(conn.recv(100))
+        server.close()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_hung_boot_is_reset_through_the_monitor_and_the_wait_goes_on(cache, monkeypatch):
+    state = labvm.state_dir("vm1")
+    state.mkdir(parents=True)
+    (state / "serial.log").write_text("[   28.5] sched_clock: Marking stable\n")
+    received = []
+    thread = _monitor(state / "monitor.sock", received)
+    answers = iter([1, 0])
+
+    def ssh(argv, **kwargs):
+        code = next(answers)
+        return subprocess.CompletedProcess(argv, code, "new-boot\n" if code == 0 else "", "")
+    monkeypatch.setattr(labvm, "running_pid", lambda name: 4242)
+    monkeypatch.setattr(labvm.subprocess, "run", ssh)
+    monkeypatch.setattr(labvm.time, "sleep", lambda seconds: None)
+    monkeypatch.setattr(labvm, "CONSOLE_STALL_SECONDS", -1.0)
+    said = []
+    log = type("Log", (), {"write": lambda self, text: said.append(text), "flush": lambda self: None})()
+    info = {"instance": "vm1", "address": "127.0.0.1", "port": 2222, "user": "root", "identity_file": "k"}
+    assert labvm.wait_for_ssh(info, timeout=60, not_boot_id="old", log=log) == "new-boot"
+    thread.join(5)
+    assert received == [b"system_reset\n"]
+    text = "".join(said)
+    assert "the boot hung (console: [   28.5] sched_clock: Marking stable); resetting the guest (1 of 2)" in text
+
+
+def test_without_a_monitor_the_reset_names_the_fix(cache):
+    labvm.state_dir("vm2").mkdir(parents=True)
+    with pytest.raises(labvm.LabError, match="started without one: run `lab/labvm.py down --name vm2`"):
+        labvm.monitor_command("vm2", "system_reset")
