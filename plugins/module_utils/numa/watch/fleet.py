@@ -2,17 +2,16 @@
 services it is given (inference_service_list entries) would run, planned without deploying anything.
 
 The entries are the inference_service role's, defaults merged as the role merges them; their requests
-come from service_entry.service_requests, the function the role's tasks call, so the report shows the
-placement a deployment would make.
+come from service_entry.service_requests, the function the role's tasks call, and are planned by
+decide/services.plan_service, as the preflight plans them, so the report shows the placement a deployment
+would make.
 """
 
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from . import metrics
 from ..read import systemctl
-from ..base.cpulist import format_cpulist
-from ..base.errors import NumaError
-from ..inputs.service_entry import service_requests
+from ..decide.services import plan_service
 
 
 def host_page(root: str = "/", plan_dir: Optional[str] = None, services: Sequence[Mapping[str, Any]] = (),
@@ -42,35 +41,3 @@ def summary(topology: Mapping[str, Any]) -> Dict[str, Any]:
             "gpus_without_node": [gpu.get("address") for gpu in topology.get("gpus") or []
                                   if gpu.get("numa_node") is None],
             "cpus_online": (topology.get("cpus") or {}).get("online", "")}
-
-
-def plan_service(topology: Mapping[str, Any], entry: Mapping[str, Any]) -> List[Dict[str, Any]]:
-    """Each instance's placement for one inference_service_list entry, or one row naming why it has none."""
-    name = str(entry.get("name") or "?")
-    wanted = service_requests(entry, topology)
-    if wanted["error"]:
-        return [_unplanned(name, wanted["error"])]
-    from ..decide.placement import plan_instances
-    from ..inputs.request import build_request
-
-    try:
-        request = build_request(dict(wanted["request"], instance=0))
-    except NumaError as exc:
-        return [_unplanned(name, str(exc))]
-    return [_planned(name, index, result) for index, result in enumerate(plan_instances(dict(topology), request))]
-
-
-def _planned(name: str, index: int, result: Any) -> Dict[str, Any]:
-    if isinstance(result, NumaError):
-        return _unplanned(name, str(result), index)
-    placement = result.to_dict()
-    return {"service": name, "index": index, "unit": "%s@%d.service" % (name, index), "error": None,
-            "policy": placement["policy"], "mem_nodes": placement["mem_nodes"],
-            "nodes": format_cpulist(placement["mem_nodes"]), "cpulist": placement["cpulist"],
-            "threads": placement["threads"], "gpus": placement["gpus"], "port": placement["port"]}
-
-
-def _unplanned(name: str, why: str, index: Optional[int] = None) -> Dict[str, Any]:
-    return {"service": name, "index": index, "unit": None if index is None else "%s@%d.service" % (name, index),
-            "error": why, "policy": None, "mem_nodes": [], "nodes": "", "cpulist": "", "threads": 0, "gpus": [],
-            "port": None}

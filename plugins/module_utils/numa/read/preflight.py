@@ -1,0 +1,147 @@
+"""The host's half of the preflight: what a deployment needs from this host, looked at before anything changes.
+
+Read-only. Each problem is one line, "[service NAME: ]what: cause; fix":
+
+- systemd runs as PID 1 (every service and the metrics timer are systemd units);
+- each service's instances plan here (its layout gives instances, the model fits), with the planner the
+  deployment and the fleet report use (decide/services.plan_service);
+- each service's server binary (``command[0]``) is an executable file, found as systemd finds it;
+- the cgroup the units run in (system.slice) allows the CPUs and memory nodes of each plan: the planner sees
+  the cpuset of the process that plans, which is not always the one a unit starts in;
+- ``set_mempolicy`` is allowed (a seccomp filter or a container can refuse it, and numa-pin then cannot
+  bind);
+- the balancing knob is writable when the run is to set it.
+
+The syscall check runs only on the live host (``root`` "/"): a captured tree has no kernel to ask.
+"""
+
+import errno
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from .kernel_files import Root, printable
+from .topology import read
+from ..base.cpulist import format_cpulist, parse_cpulist
+from ..base.errors import NumaError
+from ..decide.services import plan_service
+
+# systemd's executable search path for a command without a slash (systemd.service(5), "Command lines").
+SYSTEMD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+# The slice system units run in, and the files where cgroup v2 says what its cpuset allows.
+SYSTEM_SLICE = "sys/fs/cgroup/system.slice"
+BALANCING_KNOB = "proc/sys/kernel/numa_balancing"
+
+
+def host_problems(root: str, services: Sequence[Mapping[str, Any]], balancing: str = "keep") -> List[str]:
+    """Every problem this host has with ``services`` (inference_service_list entries, defaults merged) and
+    with setting balancing to ``balancing`` (keep: not set)."""
+    problems = systemd_problems(root)
+    if balancing != "keep":
+        problems += balancing_problems(root)
+    if not services:
+        return problems
+    if root == "/":
+        problems += mempolicy_problems()
+    topology = read(root)
+    allowed = slice_allowed(root)
+    for entry in services:
+        name = str(entry.get("name"))
+        found = service_problems(root, entry, topology, allowed)
+        problems += ["service %s: %s" % (name, problem) for problem in found]
+    return problems
+
+
+def systemd_problems(root: str) -> List[str]:
+    with Root(root) as tree:
+        comm = _text(tree, "proc/1/comm")
+        booted = tree.exists("run/systemd/system")
+    if comm == "systemd" and booted:
+        return []
+    return ["systemd: PID 1 here is %s, not systemd; every service and the metrics timer are systemd units: "
+            "run the roles on a host booted with systemd" % (printable(comm) if comm else "unknown")]
+
+
+def balancing_problems(root: str) -> List[str]:
+    path = os.path.join(root, BALANCING_KNOB)
+    if not os.path.exists(path):
+        return []  # a kernel without automatic NUMA balancing: nothing to turn off (numa_balancing says so)
+    if not os.access(path, os.W_OK) or os.statvfs(path).f_flag & os.ST_RDONLY:
+        return ["numa_host_balancing: /%s is read-only here (a container, or /proc/sys mounted read-only); "
+                "set it on the host that owns the kernel and give numa_host_balancing: keep" % BALANCING_KNOB]
+    return []
+
+
+def mempolicy_problems() -> List[str]:
+    from ..system.kernel import KernelCallError, set_mempolicy
+
+    try:
+        set_mempolicy("default", [])
+    except KernelCallError as exc:
+        if exc.errno in (errno.EPERM, errno.ENOSYS, errno.EACCES):
+            return ["memory policy: set_mempolicy is refused here (%s): numa-pin could not bind memory; allow "
+                    "the syscall (the container's seccomp profile) or run on the host" % errno.errorcode.get(
+                        exc.errno, exc.errno)]
+    return []
+
+
+def slice_allowed(root: str) -> Optional[Dict[str, List[int]]]:
+    """The CPUs and memory nodes system.slice allows (cgroup v2), or None where the files are not there."""
+    with Root(root) as tree:
+        cpus = _text(tree, SYSTEM_SLICE + "/cpuset.cpus.effective")
+        mems = _text(tree, SYSTEM_SLICE + "/cpuset.mems.effective")
+    try:
+        return {"cpus": parse_cpulist(cpus), "mems": parse_cpulist(mems)} if cpus and mems else None
+    except NumaError:
+        return None
+
+
+def service_problems(root: str, entry: Mapping[str, Any], topology: Mapping[str, Any],
+                     allowed: Optional[Mapping[str, List[int]]]) -> List[str]:
+    problems = command_problems(root, entry.get("command") or [])
+    for row in plan_service(topology, entry):
+        where = row["unit"] or "placement"
+        if row["error"]:
+            problems.append("%s: %s" % (where, row["error"]))
+        elif allowed is not None:
+            problems += ["%s: %s" % (where, problem) for problem in _outside_slice(row, allowed)]
+    return problems
+
+
+def command_problems(root: str, command: Sequence[str]) -> List[str]:
+    if not command:
+        return ["command: empty; give the server's argv as a list"]
+    program = str(command[0])
+    if "{" in program:
+        return []  # a {token} is an instance's, filled at start
+    candidates = [program] if "/" in program else [os.path.join(path, program) for path in SYSTEMD_PATH]
+    if any(_is_executable(os.path.join(root, candidate.lstrip("/"))) for candidate in candidates):
+        return []
+    where = "is not an executable file here" if "/" in program else "is in none of %s" % ":".join(SYSTEMD_PATH)
+    return ["command: %s %s; install the server first, or give command[0] the path of its binary"
+            % (printable(program), where)]
+
+
+def _is_executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def _outside_slice(row: Mapping[str, Any], allowed: Mapping[str, List[int]]) -> List[str]:
+    problems = []
+    cpus = set(parse_cpulist(row["cpulist"])) - set(allowed["cpus"])
+    if cpus:
+        problems.append("CPUs %s of its plan are outside system.slice's cpuset (%s, /%s/cpuset.cpus.effective); "
+                        "widen the slice's AllowedCPUs= or reserve those CPUs (reserve_cpus)"
+                        % (format_cpulist(sorted(cpus)), format_cpulist(allowed["cpus"]), SYSTEM_SLICE))
+    mems = set(row["mem_nodes"]) - set(allowed["mems"])
+    if mems:
+        problems.append("memory nodes %s of its plan are outside system.slice's cpuset (%s, "
+                        "/%s/cpuset.mems.effective); widen the slice's AllowedMemoryNodes= or pin another node"
+                        % (format_cpulist(sorted(mems)), format_cpulist(allowed["mems"]), SYSTEM_SLICE))
+    return problems
+
+
+def _text(tree: Root, rel: str) -> str:
+    try:
+        return tree.read(rel, 4096).decode("utf-8", "replace").strip()
+    except (OSError, NumaError):
+        return ""

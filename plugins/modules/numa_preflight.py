@@ -1,0 +1,101 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: numa_preflight
+short_description: Check every input of the numa_host and inference_service roles, and the host, before any change
+version_added: "0.4.0"
+description:
+  - On the controller, checks the roles' variables (C(numa_host_*), C(inference_service_*)) and every entry of
+    C(inference_service_list) against the roles' own argument specs, one value at a time, so that every problem is
+    named at once; a key no spec has is named with the valid key closest to it. The checked values come back
+    converted (C(-e numa_host_metrics=false) is the boolean false on every ansible-core).
+  - On the host, checks what a deployment needs there, read-only - systemd as PID 1, each service planned (its
+    layout gives instances, the model fits), its server binary executable, the plan's CPUs and memory nodes
+    allowed by system.slice's cpuset, C(set_mempolicy) allowed, the balancing knob writable when it is to be set.
+  - Fails with one line per problem (host, service, key, cause, fix) and changes nothing. Playbook
+    C(inferops.numa.site) runs it on every host before any change (C(--tags preflight) runs only it); both roles run
+    it at their entry, and a second run in the same play run with the same inputs skips the host checks.
+author:
+  - inferops.numa contributors (@inferops)
+extends_documentation_fragment:
+  - inferops.numa.host_root
+  - inferops.numa.host_root.read_only
+options:
+  services:
+    description:
+      - The service entries to check on the host, defaults merged. Default, and what the roles use, the host's
+        C(inference_service_list) with C(inference_service_defaults) and the role's defaults merged and checked.
+    type: list
+    elements: dict
+  balancing:
+    description: The balancing state the run is to set (C(keep) skips the knob's check); default C(numa_host_balancing).
+    type: str
+"""
+
+EXAMPLES = r"""
+- name: Check every input and every host before any change
+  hosts: all
+  any_errors_fatal: true
+  gather_facts: false
+  tasks:
+    - name: Preflight
+      inferops.numa.numa_preflight:
+      register: numa_preflight
+
+# A problem is one line:
+#   gpu-7: service llama: page_cahce: no such key; did you mean page_cache?
+#   gpu-7: numa_host_metrics_period_seconds: 5 is out of range; give a value from 10 to 86400
+#   gpu-7: service llama: command: /opt/llama/llama-server is not an executable file here; install the server ...
+"""
+
+RETURN = r"""
+problems:
+  description: Every problem found, one line each, host first. Empty when the preflight passed.
+  returned: always
+  type: list
+  elements: str
+settings:
+  description: The roles' variables as checked and converted, by name (absent when the preflight failed).
+  returned: success
+  type: dict
+  sample: {"numa_host_metrics": false, "numa_host_metrics_period_seconds": 60}
+entries:
+  description: C(inference_service_list) with every entry's defaults merged and its values converted.
+  returned: success
+  type: list
+  elements: dict
+host_checked:
+  description: Whether the host's checks ran (false when an earlier preflight of this run checked the same inputs).
+  returned: success
+  type: bool
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.preflight import host_problems
+
+
+def main() -> None:
+    module = AnsibleModule(
+        argument_spec={"root": {"type": "path", "default": "/"},
+                       "services": {"type": "list", "elements": "dict"},
+                       "balancing": {"type": "str"}},
+        supports_check_mode=True,
+    )
+    try:
+        problems = host_problems(module.params["root"], module.params["services"] or [],
+                                 module.params["balancing"] or "keep")
+    except NumaError as exc:
+        module.fail_json(msg=str(exc), problems=[str(exc)])
+    module.exit_json(changed=False, problems=problems)
+
+
+if __name__ == "__main__":
+    main()
