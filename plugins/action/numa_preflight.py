@@ -21,9 +21,9 @@ from ansible_collections.inferops.numa.plugins.plugin_utils import preflight
 
 display = Display()
 PREFIXES = ("numa_host_", "inference_service_")
-# The name the roles and the site playbook register the result under: a later preflight of the same run with
-# the same inputs finds it and skips the host's checks.
-REGISTERED = "numa_preflight"
+# The names the site playbook and the roles register the result under: a later preflight of the same run with
+# the same inputs finds one and skips the host's checks.
+REGISTERED = ("numa_preflight", "_numa_host_preflight", "_inference_service_preflight")
 # Facts the roles' tasks set under their prefix (inference_service/tasks/entries.yml).
 ROLE_FACTS = ("inference_service_entries",)
 
@@ -50,8 +50,8 @@ class ActionModule(ActionBase):
         digest = hashlib.sha256(json.dumps([module_args, settings.get("numa_host_python"),
                                             settings.get("numa_host_python_min_version")],
                                            sort_keys=True, default=repr).encode()).hexdigest()
-        earlier = task_vars.get(REGISTERED)
-        checked = isinstance(earlier, dict) and earlier.get("digest") == digest and not earlier.get("failed")
+        checked = any(isinstance(earlier, dict) and earlier.get("digest") == digest and not earlier.get("failed")
+                      for earlier in (task_vars.get(name) for name in REGISTERED))
         if not checked:
             problems += self._host_problems(settings, module_args, task_vars)
         if problems:

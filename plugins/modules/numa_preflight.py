@@ -24,6 +24,7 @@ description:
 author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
   - inferops.numa.host_root
   - inferops.numa.host_root.read_only
 options:

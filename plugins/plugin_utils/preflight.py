@@ -31,6 +31,8 @@ RANGES = {
     "numa_host_metrics_drift_interval_seconds": (0, None),
     "numa_host_zone_reclaim_mode": (0, 7),
     "inference_service_audit_wait_seconds": (0, 86400),
+    "inference_service_restart_batch": (1, None),
+    "inference_service_ready_seconds": (1, 86400),
     "inference_service_audit_settle_seconds": (0, 86400),
 }
 ENTRY_RANGES = {

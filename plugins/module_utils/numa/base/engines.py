@@ -164,3 +164,18 @@ def _flag_groups(args: Sequence[str]) -> List[List[str]]:
         else:
             groups[-1].append(arg)
     return groups
+
+
+# Where each engine says it is ready to serve: HTTP 200 once the model is loaded. llama-server's /health answers
+# 503 while loading (tools/server/README.md); vLLM's, SGLang's and trtllm-serve's OpenAI-compatible servers
+# answer /health with 200 when up. generic: none known, so its port is probed, or the entry's health_url.
+HEALTH_PATHS = {"llama.cpp": "/health", "vllm": "/health", "sglang": "/health", "trtllm": "/health"}
+
+
+def health_url(engine: str, port: Optional[int], given: Optional[str] = None) -> Optional[str]:
+    """The URL an instance's readiness is asked at: ``given`` (its ``{port}`` filled in) when set, else the
+    engine's health path on 127.0.0.1:port; None when there is neither (a generic server: probe its port)."""
+    if given:
+        return given.replace("{port}", str(port)) if port is not None else given
+    path = HEALTH_PATHS.get(engine)
+    return "http://127.0.0.1:%d%s" % (port, path) if path and port is not None else None

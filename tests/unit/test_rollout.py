@@ -1,0 +1,172 @@
+"""numa_rollout's core (module_utils/numa/act/rollout.py): batches, readiness gates, audits and rollbacks, with a
+fake systemd and fake servers."""
+import pytest
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import rollout
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+
+
+class FakeHost:
+    """systemctl as a dict of unit states; ``boots`` says how each unit comes up after a (re)start."""
+
+    def __init__(self, active=(), boots=None):
+        self.state = {unit: "active" for unit in active}
+        self.boots = boots or {}
+        self.calls = []
+        self.now = 0.0
+
+    def run(self, argv):
+        self.calls.append(argv[1:] if argv[1] != "show" else None)
+        if argv[1] == "show":
+            units = argv[argv.index("--") + 1:]
+            return 0, "\n\n".join("Id=%s\nActiveState=%s\nResult=%s\nMainPID=0" % (
+                unit, self.state.get(unit, "inactive"), "exit-code" if self.state.get(unit) == "failed" else
+                "success") for unit in units) + "\n", ""
+        if argv[1] in ("start", "restart"):
+            self.state[argv[-1]] = self.boots.get(argv[-1], "active")
+        elif argv[1] == "stop":
+            self.state[argv[-1]] = "inactive"
+        return 0, "", ""
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def instance(name, restart=True, kept=()):
+    return rollout.Instance(name, restart, None, None, None, tuple(kept))
+
+
+def actions(host):
+    return [call for call in host.calls if call]
+
+
+def test_restarts_go_one_at_a_time_and_only_where_needed():
+    host = FakeHost(active=["a@0.service", "a@1.service", "a@2.service"])
+    result = rollout.roll([instance("a@0.service"), instance("a@1.service", restart=False), instance("a@2.service")],
+                          1, 60, host.run, answers=lambda i: None, clock=host.clock, sleep=host.sleep)
+    assert not result["failed"] and result["changed"]
+    assert actions(host) == [["restart", "--", "a@0.service"], ["restart", "--", "a@2.service"]]
+    assert [r["msg"] for r in result["instances"]] == ["restarted and ready"] * 2
+
+
+def test_the_next_batch_waits_for_the_server_to_answer():
+    host = FakeHost()
+    seen = []
+
+    def answers(inst):
+        seen.append((inst.unit, host.now, list(actions(host))))
+        return None if host.now >= 6 else "http://127.0.0.1:8080/health answered 503"
+    result = rollout.roll([instance("a@0.service", restart=False), instance("a@1.service", restart=False)], 1, 60,
+                          host.run, answers=answers, clock=host.clock, sleep=host.sleep)
+    assert not result["failed"]
+    # a@1 was started only after a@0 answered (at 6 s), never while it loaded.
+    assert all(["start", "--", "a@1.service"] not in done for unit, _now, done in seen if unit == "a@0.service")
+    assert actions(host) == [["start", "--", "a@0.service"], ["start", "--", "a@1.service"]]
+
+
+def test_a_server_that_never_answers_is_rolled_back_and_the_rest_are_left_alone(tmp_path):
+    unit_file = tmp_path / "a@.service"
+    unit_file.write_text("new\n")
+    (tmp_path / "a@.service.previous").write_text("old\n")
+    host = FakeHost(active=["a@0.service", "a@1.service"])
+    result = rollout.roll([instance("a@0.service", kept=[str(unit_file)]), instance("a@1.service")], 1, 10,
+                          host.run, answers=lambda i: "port 8080: Connection refused", clock=host.clock,
+                          sleep=host.sleep)
+    assert result["failed"]
+    assert unit_file.read_text() == "old\n" and not (tmp_path / "a@.service.previous").exists()
+    assert actions(host) == [["restart", "--", "a@0.service"], ["daemon-reload"], ["restart", "--", "a@0.service"]]
+    first, second = result["instances"]
+    assert first["msg"] == "a@0.service: not ready after 10 s (port 8080: Connection refused)"
+    assert first["rolled_back"] == "back on its previous %s, restarted" % unit_file
+    assert second == {"unit": "a@1.service", "action": "restart", "ok": False, "rolled_back": None,
+                      "msg": "not restarted: an earlier instance failed its gate"}
+    assert result["msg"].startswith("a@0.service: not ready after 10 s")
+
+
+def test_a_failed_unit_is_not_waited_for_and_a_first_deployment_is_stopped():
+    host = FakeHost(boots={"a@0.service": "failed"})
+    result = rollout.roll([instance("a@0.service", restart=False)], 1, 600, host.run, answers=lambda i: None,
+                          clock=host.clock, sleep=host.sleep)
+    assert result["failed"] and host.now == 0
+    (only,) = result["instances"]
+    assert only["msg"] == ("a@0.service: its unit failed (exit-code): see `journalctl -u a@0.service`")
+    assert only["rolled_back"] == "stopped: its first deployment, nothing to go back to"
+    assert host.state["a@0.service"] == "inactive"
+
+
+def test_a_failed_audit_rolls_the_instance_back(monkeypatch):
+    host = FakeHost(active=["a@0.service"])
+    audit = rollout.UnitAudit("a@0.service", None, 99.0, "all")
+    monkeypatch.setattr(rollout, "audit_units", lambda *args, **kwargs: [
+        {"unit": "a@0.service", "ok": False, "msg": "a@0.service: 61.0% of its pages on node 0, below 99%"}])
+    result = rollout.roll([rollout.Instance("a@0.service", True, None, None, audit, ())], 1, 60, host.run,
+                          answers=lambda i: None, clock=host.clock, sleep=host.sleep)
+    assert result["failed"] and "its audit failed: a@0.service: 61.0% of its pages" in result["msg"]
+
+
+def test_batches_of_two_restart_together():
+    host = FakeHost(active=["a@%d.service" % i for i in range(3)])
+    rollout.roll([instance("a@%d.service" % i) for i in range(3)], 2, 60, host.run, answers=lambda i: None,
+                 clock=host.clock, sleep=host.sleep)
+    assert actions(host) == [["restart", "--", "a@0.service"], ["restart", "--", "a@1.service"],
+                             ["restart", "--", "a@2.service"]]
+
+
+def test_check_mode_says_what_it_would_do_and_does_nothing():
+    host = FakeHost(active=["a@0.service"])
+    result = rollout.roll([instance("a@0.service"), instance("a@1.service", restart=False),
+                           instance("a@0.service", restart=False)], 1, 60, host.run, check=True)
+    assert actions(host) == [] and result["changed"]
+    assert [(r["unit"], r["msg"]) for r in result["instances"]] == [("a@0.service", "would restart"),
+                                                                   ("a@1.service", "would start")]
+
+
+def test_nothing_to_do_is_not_a_change_and_a_zero_batch_is_refused():
+    host = FakeHost(active=["a@0.service"])
+    assert rollout.roll([instance("a@0.service", restart=False)], 1, 60, host.run)["changed"] is False
+    with pytest.raises(NumaError, match="give 1 or more"):
+        rollout.roll([], 0, 60, host.run)
+
+
+@pytest.mark.parametrize("engine, port, given, wanted", [
+    ("llama.cpp", 8080, None, "http://127.0.0.1:8080/health"),
+    ("vllm", 8000, None, "http://127.0.0.1:8000/health"),
+    ("generic", 9000, None, None),
+    ("generic", 9000, "http://127.0.0.1:{port}/ready", "http://127.0.0.1:9000/ready"),
+    ("llama.cpp", None, None, None),
+])
+def test_the_readiness_url_comes_from_the_entry_or_the_engine(engine, port, given, wanted):
+    assert health_url(engine, port, given) == wanted
+
+
+def test_the_probe_reads_the_status_and_a_closed_port(tmp_path):
+    import http.server
+    import threading
+
+    codes = [503, 200]
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(codes.pop(0))
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = server.server_address[1]
+        url = "http://127.0.0.1:%d/health" % port
+        ready = rollout.Instance("a@0.service", True, url, port, None, ())
+        assert rollout.probe(ready) == "%s answered 503" % url
+        assert rollout.probe(ready) is None
+        assert rollout.probe(ready._replace(url=None)) is None  # the port accepts a connection
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert rollout.probe(ready._replace(url=None)).startswith("port %d: " % port)
