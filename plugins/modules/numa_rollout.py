@@ -73,6 +73,39 @@ options:
         type: list
         elements: path
         default: []
+      ab_gate:
+        description:
+          - Keep a restart's new placement only where it measurably helps. Before the restart the running instance's
+            tokens per second are measured with real requests to its own API (the same prompt and token count
+            each round, one warm-up round left out), and again once it is ready and audited; the new placement is
+            kept when its median is not slower than the rounds' noise band (half their spread around the median,
+            the wider of before and after), or gains at least O(instances[].ab_gate.min_gain_percent). Otherwise
+            the instance goes back to its previous unit and plan, and the module says so without failing.
+          - Needs O(instances[].port). Omit for no gate.
+        type: dict
+        suboptions:
+          rounds:
+            description: Measured requests before and after (besides one warm-up each).
+            type: int
+            default: 3
+          prompt:
+            description: The prompt of every request.
+            type: str
+            default: Hello
+          max_tokens:
+            description: Tokens generated per request (C(ignore_eos), so each round generates them all).
+            type: int
+            default: 16
+          min_gain_percent:
+            description: Keep the change only with at least this gain; default, keep it unless slower than the noise.
+            type: float
+          api:
+            description:
+              - C(llama.cpp) asks C(/completion) and reads the server's own decode rate; C(openai) asks
+                C(/v1/completions) (vLLM, SGLang, TensorRT-LLM) and times it. C(auto) picks by O(instances[].engine).
+            type: str
+            default: auto
+            choices: [auto, llama.cpp, openai]
   batch:
     description: Instances started or restarted at a time.
     type: int
@@ -123,10 +156,23 @@ msg:
   description: A summary, or each failed instance with its reason and what its rollback did.
   returned: always
   type: str
+ansible_facts:
+  description: The A/B gates' verdicts.
+  returned: always
+  type: dict
+  contains:
+    numa_ab_gates:
+      description: Unit to its gate's verdict (before and after medians, gain, noise band, kept or rolled back).
+      type: dict
+      sample: {"llama@0.service": {"before_tokens_per_second": 8.3, "after_tokens_per_second": 13.7,
+               "gain_percent": 65.06, "noise_percent": 1.2, "rounds": 3, "kept": true}}
 """
+
+from typing import Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Instance, roll
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
@@ -134,10 +180,16 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit impo
 
 AUDIT_OPTIONS = {"plan_file": {"type": "path"}, "min_local_percent": {"type": "float", "default": 99.0},
                  "pages": {"type": "str", "default": "all", "choices": ["all", "anon", "file"]}}
+# max_tokens is a token count, not a secret (validate-modules reads "token" as one).
+GATE_OPTIONS = {"rounds": {"type": "int", "default": 3}, "prompt": {"type": "str", "default": "Hello"},
+                "max_tokens": {"type": "int", "default": 16, "no_log": False},
+                "min_gain_percent": {"type": "float"},
+                "api": {"type": "str", "default": "auto", "choices": ["auto", "llama.cpp", "openai"]}}
 INSTANCE_OPTIONS = {
     "unit": {"type": "str", "required": True}, "restart": {"type": "bool", "default": False},
     "engine": {"type": "str", "default": "generic"}, "port": {"type": "int"}, "health_url": {"type": "str"},
     "audit": {"type": "dict", "options": AUDIT_OPTIONS}, "kept": {"type": "list", "elements": "path", "default": []},
+    "ab_gate": {"type": "dict", "options": GATE_OPTIONS},
 }
 
 
@@ -147,7 +199,19 @@ def _instance(entry: dict) -> Instance:
                     entry["port"], None if audit is None else UnitAudit(
                         entry["unit"], None if audit["plan_file"] is None else load_plan(audit["plan_file"]),
                         audit["min_local_percent"], audit["pages"]),
-                    tuple(entry["kept"]))
+                    tuple(entry["kept"]), _gate(entry))
+
+
+def _gate(entry: dict) -> Optional[Gate]:
+    gate = entry["ab_gate"]
+    if gate is None:
+        return None
+    if entry["port"] is None or gate["rounds"] < 1 or gate["max_tokens"] < 1:
+        raise NumaError("%s: ab_gate needs the instance's port (port_base), rounds and max_tokens of 1 or more"
+                        % entry["unit"])
+    api = gate["api"] if gate["api"] != "auto" else "llama.cpp" if entry["engine"] == "llama.cpp" else "openai"
+    return Gate("http://127.0.0.1:%d" % entry["port"], api, gate["prompt"], gate["max_tokens"], gate["rounds"],
+                gate["min_gain_percent"])
 
 
 def main() -> None:
@@ -164,6 +228,12 @@ def main() -> None:
                       module.run_command, params["root"], module.check_mode, params["settle_seconds"])
     except NumaError as exc:
         module.fail_json(msg=str(exc), instances=[])
+    result["ansible_facts"] = {"numa_ab_gates": {entry["unit"]: entry["ab_gate"] for entry in result["instances"]
+                                                 if entry["ab_gate"]}}
+    if module._diff and result["instances"]:
+        # With --diff, what was (or in check mode would be) started and restarted, one line each.
+        result["diff"] = {"before_header": "instances", "after_header": "instances", "before": "",
+                          "after": "".join("%s\n" % entry["msg"] for entry in result["instances"])}
     if result.pop("failed"):
         module.fail_json(**result)
     module.exit_json(**result)

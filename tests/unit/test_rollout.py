@@ -2,7 +2,7 @@
 fake systemd and fake servers."""
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import rollout
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate, rollout
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
@@ -82,7 +82,7 @@ def test_a_server_that_never_answers_is_rolled_back_and_the_rest_are_left_alone(
     first, second = result["instances"]
     assert first["msg"] == "a@0.service: not ready after 10 s (port 8080: Connection refused)"
     assert first["rolled_back"] == "back on its previous %s, restarted" % unit_file
-    assert second == {"unit": "a@1.service", "action": "restart", "ok": False, "rolled_back": None,
+    assert second == {"unit": "a@1.service", "action": "restart", "ok": False, "rolled_back": None, "ab_gate": None,
                       "msg": "not restarted: an earlier instance failed its gate"}
     assert result["msg"].startswith("a@0.service: not ready after 10 s")
 
@@ -121,8 +121,8 @@ def test_check_mode_says_what_it_would_do_and_does_nothing():
     result = rollout.roll([instance("a@0.service"), instance("a@1.service", restart=False),
                            instance("a@0.service", restart=False)], 1, 60, host.run, check=True)
     assert actions(host) == [] and result["changed"]
-    assert [(r["unit"], r["msg"]) for r in result["instances"]] == [("a@0.service", "would restart"),
-                                                                   ("a@1.service", "would start")]
+    assert [(r["unit"], r["msg"]) for r in result["instances"]] == [
+        ("a@0.service", "would restart a@0.service"), ("a@1.service", "would start a@1.service")]
 
 
 def test_nothing_to_do_is_not_a_change_and_a_zero_batch_is_refused():
@@ -170,3 +170,70 @@ def test_the_probe_reads_the_status_and_a_closed_port(tmp_path):
         server.shutdown()
         server.server_close()
     assert rollout.probe(ready._replace(url=None)).startswith("port %d: " % port)
+
+
+# --- the A/B gate ---------------------------------------------------------------------------------------------
+
+GATE = ab_gate.Gate("http://127.0.0.1:8080", "llama.cpp", "Hi", 8, 3, None)
+
+
+def gated_roll(tmp_path, before, after, min_gain=None):
+    unit_file = tmp_path / "a@.service"
+    unit_file.write_text("new\n")
+    (tmp_path / "a@.service.previous").write_text("old\n")
+    host = FakeHost(active=["a@0.service"])
+    measured = iter([before, after])
+    gate = GATE._replace(min_gain_percent=min_gain)
+    result = rollout.roll([rollout.Instance("a@0.service", True, None, None, None, (str(unit_file),), gate)], 1, 60,
+                          host.run, answers=lambda i: None, clock=host.clock, sleep=host.sleep,
+                          rates=lambda g: next(measured))
+    return result, unit_file.read_text(), actions(host)
+
+
+def test_a_faster_placement_is_kept(tmp_path):
+    result, unit, done = gated_roll(tmp_path, [4.0, 4.2, 4.1], [7.9, 8.1, 8.0])
+    (only,) = result["instances"]
+    assert not result["failed"] and unit == "new\n" and only["rolled_back"] is None
+    assert only["ab_gate"]["kept"] and only["ab_gate"]["gain_percent"] == pytest.approx(95.12, abs=0.01)
+    assert done == [["restart", "--", "a@0.service"]]
+
+
+def test_a_slower_placement_is_rolled_back_and_the_host_does_not_fail(tmp_path):
+    result, unit, done = gated_roll(tmp_path, [8.0, 8.1, 7.9], [4.0, 4.1, 3.9])
+    (only,) = result["instances"]
+    assert not result["failed"] and result["changed"] and unit == "old\n"
+    assert done == [["restart", "--", "a@0.service"], ["daemon-reload"], ["restart", "--", "a@0.service"]]
+    assert only["msg"].startswith("a@0.service: 8.00 -> 4.00 tokens/s (-50.0 %, noise 2.5 %): rolled back")
+
+
+def test_a_change_within_the_noise_is_kept_unless_a_gain_is_demanded(tmp_path):
+    assert gated_roll(tmp_path, [8.0, 9.0, 7.0], [7.8, 8.6, 7.2])[0]["instances"][0]["ab_gate"]["kept"]
+    result, unit, _ = gated_roll(tmp_path, [8.0, 9.0, 7.0], [7.8, 8.6, 7.2], min_gain=5.0)
+    assert not result["instances"][0]["ab_gate"]["kept"] and unit == "old\n"
+
+
+def test_the_judge_and_the_noise_band():
+    verdict = ab_gate.judge([10.0, 10.0, 10.0], [9.0, 9.0, 9.0], None)
+    assert (verdict["gain_percent"], verdict["noise_percent"], verdict["kept"]) == (-10.0, 0.0, False)
+    assert ab_gate.noise_percent([9.0, 10.0, 11.0]) == pytest.approx(10.0)
+    assert ab_gate.judge([10.0, 11.0], [10.0, 11.0], None)["kept"]
+
+
+def test_measure_asks_llama_server_and_an_openai_server_the_same_question():
+    asked = []
+
+    def ask(base, path, body):
+        asked.append((path, dict(body)))
+        if path == "/v1/models":
+            return {"data": [{"id": "m"}]}
+        if path == "/completion":
+            return {"timings": {"predicted_per_second": 5.0}}
+        return {"usage": {"completion_tokens": 8}}
+    ticks = iter(range(100))
+    assert ab_gate.measure(GATE, ask) == [5.0, 5.0, 5.0] and len(asked) == 4  # one warm-up round left out
+    assert asked[0] == ("/completion", {"prompt": "Hi", "n_predict": 8, "ignore_eos": True, "cache_prompt": False})
+    asked.clear()
+    rates = ab_gate.measure(GATE._replace(api="openai"), ask, clock=lambda: float(next(ticks)))
+    assert rates == [8.0, 8.0, 8.0] and asked[0] == ("/v1/models", {})
+    assert asked[1] == ("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 8, "ignore_eos": True,
+                                            "temperature": 0})

@@ -23,6 +23,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 from http import client as http_client
 from urllib.parse import urlsplit
 
+from .ab_gate import Gate, judge, measure
 from ..base.errors import NumaError
 from ..read.audit import UnitAudit, audit_units
 from ..read.systemctl import CommandRunner, show_units
@@ -41,9 +42,11 @@ class Instance(NamedTuple):
     port: Optional[int]
     audit: Optional[UnitAudit]
     kept: Tuple[str, ...]  # files the role changed and kept a <file>.previous of
+    gate: Optional[Gate] = None  # measure tokens/s before and after a restart; keep the change only if not slower
 
 
 Probe = Callable[["Instance"], Optional[str]]  # None when ready, else what it saw
+Measure = Callable[[Gate], List[float]]  # tokens/s of the gate's rounds
 
 
 def probe(instance: Instance) -> Optional[str]:
@@ -80,7 +83,8 @@ def _http_probe(url: str) -> Optional[str]:
 
 def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: CommandRunner,
          root: str = "/", check: bool = False, settle_seconds: float = 3.0, answers: Probe = probe,
-         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> Dict[str, Any]:
+         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+         rates: Measure = measure) -> Dict[str, Any]:
     """Start or restart ``instances`` (those that need it) ``batch`` at a time behind their gates.
 
     Returns {"changed", "failed", "msg", "instances": [{unit, action, ok, msg, rolled_back}]}; in check mode
@@ -93,13 +97,17 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
            if instance.restart or states[instance.unit].get("ActiveState") != "active"]
     results = []  # type: List[Dict[str, Any]]
     if check:
-        results = [_result(instance, action, True, "would %s" % action) for instance, action in due]
+        results = [_result(instance, action, True, "would %s %s" % (action, instance.unit)) for instance, action in due]
         return _summary(results, bool(due))
     for start in range(0, len(due), batch):
         group = due[start:start + batch]
+        baselines = {instance.unit: _baseline(instance, rates) for instance, action in group
+                     if instance.gate and action == "restart"}
         for instance, action in group:
             _systemctl(run, action, instance.unit)
-        results += _gate(group, ready_seconds, run, root, settle_seconds, answers, clock, sleep)
+        gated = _gate(group, ready_seconds, run, root, settle_seconds, answers, clock, sleep)
+        results += [_ab(result, instance, baselines.get(instance.unit), run, rates)
+                    for result, (instance, _action) in zip(gated, group)]
         if not all(result["ok"] for result in results):
             skipped = due[start + batch:]
             results += [_result(instance, action, False, "not %s: an earlier instance failed its gate" % DONE[action])
@@ -128,6 +136,32 @@ def _gate(group: Sequence[Tuple[Instance, str]], ready_seconds: float, run: Comm
         results.append(dict(_result(instance, action, False, "%s: %s" % (instance.unit, why)),
                             rolled_back=roll_back(instance, run)))
     return results
+
+
+def _baseline(instance: Instance, rates: Measure) -> Any:
+    """The running instance's rates before its restart, or why there are none (the gate then keeps the change)."""
+    try:
+        return rates(instance.gate)
+    except NumaError as exc:
+        return "no baseline: %s" % exc
+
+
+def _ab(result: Dict[str, Any], instance: Instance, before: Any, run: CommandRunner, rates: Measure
+        ) -> Dict[str, Any]:
+    """The A/B verdict of a restarted instance that passed its gates: rolled back when it got slower."""
+    if not result["ok"] or before is None:
+        return result
+    if isinstance(before, str):
+        return dict(result, ab_gate={"kept": True, "msg": before})
+    try:
+        verdict = judge(before, rates(instance.gate), instance.gate.min_gain_percent)
+    except NumaError as exc:
+        return dict(result, ok=False, msg="%s: not measured after its restart: %s" % (instance.unit, exc),
+                    rolled_back=roll_back(instance, run))
+    if verdict["kept"]:
+        return dict(result, ab_gate=verdict, msg="%s; %s" % (result["msg"], verdict["msg"]))
+    return dict(result, ab_gate=verdict, msg="%s: %s" % (instance.unit, verdict["msg"]),
+                rolled_back=roll_back(instance, run))
 
 
 def wait_ready(instance: Instance, ready_seconds: float, run: CommandRunner, answers: Probe = probe,
@@ -173,10 +207,11 @@ def _systemctl(run: CommandRunner, action: str, unit: Optional[str] = None) -> N
 
 
 def _result(instance: Instance, action: str, ok: bool, msg: str) -> Dict[str, Any]:
-    return {"unit": instance.unit, "action": action, "ok": ok, "msg": msg, "rolled_back": None}
+    return {"unit": instance.unit, "action": action, "ok": ok, "msg": msg, "rolled_back": None, "ab_gate": None}
 
 
 def _summary(results: List[Dict[str, Any]], changed: bool) -> Dict[str, Any]:
+    # A change the A/B gate rolled back is a verdict, not a failure: the instance runs, on its previous placement.
     failed = [result for result in results if not result["ok"] and result["rolled_back"]]
     msg = "; ".join("%s (%s)" % (result["msg"], result["rolled_back"]) for result in failed) if failed else (
         "%d instance(s) started or restarted, each ready" % len(results) if results else "every instance runs")
