@@ -17,10 +17,11 @@ description:
   - "Readiness: HTTP 200 from O(instances[].health_url), else from the engine's health endpoint on the instance's
     port (C(/health) for llama.cpp, vLLM, SGLang and TensorRT-LLM); a C(generic) server is ready when its port
     accepts a connection, one without a port when systemd reports it active."
-  - An instance that does not become ready within O(ready_seconds), whose unit fails, or whose audit fails goes
-    back to its previous unit and plan (each file of O(instances[].kept) has a C(.previous) copy the
-    inference_service role wrote before changing it) and restarts on them; with nothing kept it is stopped. The
-    module then fails with the reason and starts no further batch.
+  - When an instance does not become ready within O(ready_seconds), its unit fails, or its audit fails, the host's
+    whole change goes back - every file of O(instances[].kept) gets the C(.previous) copy the inference_service role
+    wrote before changing it (a unit template is shared by all the instances of a service), the instances already
+    restarted restart on them, and one with nothing kept (its first deployment) is stopped. The module then fails
+    with the reason and starts no further batch.
   - The inference_service role runs it for every deployed instance.
 author:
   - inferops.numa contributors (@inferops)
@@ -80,7 +81,7 @@ options:
             each round, one warm-up round left out), and again once it is ready and audited; the new placement is
             kept when its median is not slower than the rounds' noise band (half their spread around the median,
             the wider of before and after), or gains at least O(instances[].ab_gate.min_gain_percent). Otherwise
-            the instance goes back to its previous unit and plan, and the module says so without failing.
+            the host's change goes back the same way, and the module says so without failing.
           - Needs O(instances[].port). Omit for no gate.
         type: dict
         suboptions:

@@ -81,10 +81,29 @@ def test_a_server_that_never_answers_is_rolled_back_and_the_rest_are_left_alone(
     assert actions(host) == [["restart", "--", "a@0.service"], ["daemon-reload"], ["restart", "--", "a@0.service"]]
     first, second = result["instances"]
     assert first["msg"] == "a@0.service: not ready after 10 s (port 8080: Connection refused)"
-    assert first["rolled_back"] == "back on its previous %s, restarted" % unit_file
-    assert second == {"unit": "a@1.service", "action": "restart", "ok": False, "rolled_back": None, "ab_gate": None,
-                      "msg": "not restarted: an earlier instance failed its gate"}
+    assert first["rolled_back"].startswith("back on its previous unit and plan, NOT ready: not ready after 10 s")
+    assert second == {"unit": "a@1.service", "action": "restart", "ok": False, "ab_gate": None, "skipped": True,
+                      "msg": "not restarted: the change was rolled back",
+                      "rolled_back": "left on its previous unit and plan"}
     assert result["msg"].startswith("a@0.service: not ready after 10 s")
+
+
+def test_a_rollback_takes_the_whole_change_back_also_from_instances_that_passed(tmp_path):
+    template = tmp_path / "a@.service"
+    plans = [tmp_path / ("a@%d.plan.json" % i) for i in range(2)]
+    for path in [template] + plans:
+        path.write_text("new\n")
+        (tmp_path / (path.name + ".previous")).write_text("old\n")
+    host = FakeHost(active=["a@0.service", "a@1.service"], boots={})
+    ready = iter([None, "answered 503"] + [None] * 10)
+    result = rollout.roll([instance("a@0.service", kept=[str(template), str(plans[0])]),
+                           instance("a@1.service", kept=[str(template), str(plans[1])])], 1, 0, host.run,
+                          answers=lambda i: next(ready), clock=host.clock, sleep=host.sleep)
+    assert result["failed"]
+    assert [path.read_text() for path in [template] + plans] == ["old\n"] * 3
+    assert actions(host)[-3:] == [["daemon-reload"], ["restart", "--", "a@0.service"],
+                                  ["restart", "--", "a@1.service"]]
+    assert [r["rolled_back"] for r in result["instances"]] == ["back on its previous unit and plan, ready"] * 2
 
 
 def test_a_failed_unit_is_not_waited_for_and_a_first_deployment_is_stopped():

@@ -150,11 +150,11 @@ def journal(host, unit: str) -> str:
 
 # ------------------------------------------------------------------------- layouts ---
 
-def converge() -> None:
-    """converge.yml again, as molecule ran it (same inventory, same configuration)."""
+def converge(*extra: str) -> None:
+    """converge.yml again, as molecule ran it (same inventory, same configuration), with ``extra`` arguments."""
     playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
-                    os.path.join(SCENARIO_DIR, "converge.yml")],
+                    os.path.join(SCENARIO_DIR, "converge.yml")] + list(extra),
                    check=True, timeout=budget(CONVERGE_S), cwd=PROJECT)
 
 

@@ -13,12 +13,16 @@ is asked for two, because the first comes from the prompt's pass and only the se
 as generation, which gives tokens/s for the report.
 """
 
+import functools
 import json
 import os
+import shlex
+import statistics
 
 import pytest
 
-from conftest import INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, journal, node_cpus, placement, share, wait_until
+from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, converge, journal, node_cpus, placement,
+                      share, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -199,3 +203,101 @@ def test_weights_cached_on_the_other_node_stay_remote_without_evict_and_come_loc
         assert file_local_percent(host, second) >= 99
     finally:
         stop(host, second)
+
+
+# --- a placement change: one instance at a time, and kept only where it is faster ---------------------------
+
+RUN_VARS = os.path.join(PROJECT, "build", "reports", "lab-run-vars.json")
+GATE = {"rounds": 5, "max_tokens": 8, "prompt": "Hi"}
+# Every half second, whether each of the pair answers /health.
+POLLER = """
+import time, urllib.request
+with open("/run/lab-poll.log", "w", buffering=1) as out:
+    while True:
+        seen = []
+        for port in (8080, 8081):
+            try:
+                seen.append(int(urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2).status == 200))
+            except Exception:
+                seen.append(0)
+        out.write("%.1f %d %d\\n" % (time.time(), seen[0], seen[1]))
+        time.sleep(0.5)
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def run_vars():
+    """The variables converge.yml gave site.yml, read before any converge here changed them (it writes them anew
+    at every run, with these changes in)."""
+    with open(RUN_VARS) as handle:
+        return handle.read()
+
+
+def converge_llama(tmp_path, name, **changes):
+    """converge.yml with the llama service's entry changed by ``changes`` (the rest as converge.yml sets it)."""
+    variables = json.loads(run_vars())
+    for entry in variables["inference_service_list"]:
+        if entry["name"] == "llama":
+            entry.update(changes)
+    path = tmp_path / ("%s.json" % name)
+    path.write_text(json.dumps(variables))
+    converge("-e", "@%s" % path)
+
+
+def verdicts(host):
+    return json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
+
+
+def invocations(host):
+    return {unit: host.service(unit).systemd_properties["InvocationID"] for unit in sorted(PER_NODE)}
+
+
+def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_is_faster(host, tmp_path):
+    host.run("systemctl stop lab-poll.service; systemctl reset-failed lab-poll.service")
+    started = host.run("systemd-run --unit=lab-poll python3 -c %s" % shlex.quote(POLLER))
+    assert started.rc == 0, started.stderr
+    try:
+        # 2 threads per instance -> 1 (CPUs 1 and 3 reserved), gated: slower, so the change goes back.
+        converge_llama(tmp_path, "slower", reserve_cpus="1,3", ab_gate=GATE)
+        slower = verdicts(host)
+        for unit, (_port, node) in PER_NODE.items():
+            assert placement(host, unit)["cpus"] == node_cpus(host, node), "%s not back on its node" % unit
+        # The same change without the gate, then back to 2 threads, gated: faster, so it stays.
+        converge_llama(tmp_path, "one-thread", reserve_cpus="1,3")
+        assert {placement(host, unit)["cpus"] for unit in PER_NODE} == {"0", "2"}
+        converge_llama(tmp_path, "faster", ab_gate=GATE)
+        faster = verdicts(host)
+        for unit, (_port, node) in PER_NODE.items():
+            assert placement(host, unit)["cpus"] == node_cpus(host, node)
+        # Nothing changed: nothing restarts, nothing is measured or rolled back.
+        before = invocations(host)
+        converge_llama(tmp_path, "same", ab_gate=GATE)
+        assert invocations(host) == before
+    finally:
+        host.run("systemctl stop lab-poll.service")
+    polls = [line.split() for line in host.file("/run/lab-poll.log").content_string.splitlines() if line.strip()]
+    report(slower, faster, polls)
+    assert all(answered != ["0", "0"] for _time, *answered in polls), "both instances down at once"
+    assert {tuple(answered) for _time, *answered in polls} >= {("0", "1"), ("1", "0")}, "a restart never seen"
+    assert [verdict["kept"] for verdict in slower.values()] == [False], slower
+    assert sorted(faster) == ["llama@0.service", "llama@1.service"], faster
+    assert all(verdict["kept"] and verdict["gain_percent"] > 0 for verdict in faster.values()), faster
+
+
+def report(slower, faster, polls):
+    lines = ["A/B gate in the TCG lab guest (%d rounds of %d tokens, medians):" % (GATE["rounds"], GATE["max_tokens"])]
+    for name, found in (("2 -> 1 threads", slower), ("1 -> 2 threads", faster)):
+        for unit, verdict in sorted(found.items()):
+            lines.append("%-15s %-16s %s" % (name, unit, verdict.get("msg")))
+    bands = [verdict["noise_percent"] for found in (slower, faster) for verdict in found.values()
+             if "noise_percent" in verdict]
+    if bands:
+        lines.append("noise band: median %.1f %%, widest %.1f %%" % (statistics.median(bands), max(bands)))
+    lines.append("health polls during the changes: %d, with one instance down: %d, with both down: %d" % (
+        len(polls), sum(1 for _t, *seen in polls if "0" in seen), sum(1 for _t, *seen in polls if seen == ["0", "0"])))
+    text = "\n".join(lines) + "\n"
+    print("\n" + text)
+    out = os.path.join(PROJECT, "build", "reports")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "ab-gate.txt"), "w") as handle:
+        handle.write(text)

@@ -11,9 +11,12 @@ answers its readiness probe:
 - a port without a URL (engine ``generic``): ready when it accepts a TCP connection;
 - neither: ready when systemd reports the unit active.
 
-A unit that systemd reports ``failed`` is not waited for. A rolled-back instance gets its kept files back
-(``<file>.previous``, written by the role before it changed them), systemd reloads them and the instance restarts
-on them; an instance with nothing kept (its first deployment) is stopped rather than left crash-looping.
+A unit that systemd reports ``failed`` is not waited for. When an instance fails its gate, or its A/B gate
+(ab_gate.py) finds it slower, the host's whole change goes back: every kept file gets its ``<file>.previous``
+back (written by the role before it changed them; a unit template is shared by all the instances of its service,
+so one instance cannot go back alone), the instances already (re)started restart on them, an instance with
+nothing kept (its first deployment) is stopped rather than left crash-looping, and no further batch starts.
+A failed gate fails the host; a slower placement is a verdict, not a failure.
 """
 
 import os
@@ -99,19 +102,23 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
     if check:
         results = [_result(instance, action, True, "would %s %s" % (action, instance.unit)) for instance, action in due]
         return _summary(results, bool(due))
+    done = []  # type: List[Tuple[Instance, str]]
     for start in range(0, len(due), batch):
         group = due[start:start + batch]
         baselines = {instance.unit: _baseline(instance, rates) for instance, action in group
                      if instance.gate and action == "restart"}
         for instance, action in group:
             _systemctl(run, action, instance.unit)
-        gated = _gate(group, ready_seconds, run, root, settle_seconds, answers, clock, sleep)
-        results += [_ab(result, instance, baselines.get(instance.unit), run, rates)
-                    for result, (instance, _action) in zip(gated, group)]
-        if not all(result["ok"] for result in results):
-            skipped = due[start + batch:]
-            results += [_result(instance, action, False, "not %s: an earlier instance failed its gate" % DONE[action])
-                        for instance, action in skipped]
+        judged = [_ab(result, instance, baselines.get(instance.unit), rates) for result, (instance, _action) in
+                  zip(_gate(group, ready_seconds, run, root, settle_seconds, answers, clock, sleep), group)]
+        results += judged
+        done += group
+        if any(not result["ok"] or (result["ab_gate"] or {}).get("kept") is False for result in judged):
+            results += [dict(_result(instance, action, False, "not %s: the change was rolled back" % DONE[action]),
+                             skipped=True) for instance, action in due[start + batch:]]
+            undone = undo(done, due[start + batch:], ready_seconds, run, answers, clock, sleep)
+            for result in results:
+                result["rolled_back"] = undone.get(result["unit"])
             break
     return _summary(results, bool(due))
 
@@ -133,8 +140,7 @@ def _gate(group: Sequence[Tuple[Instance, str]], ready_seconds: float, run: Comm
         if why is None:
             results.append(_result(instance, action, True, "%s and ready" % DONE[action]))
             continue
-        results.append(dict(_result(instance, action, False, "%s: %s" % (instance.unit, why)),
-                            rolled_back=roll_back(instance, run)))
+        results.append(_result(instance, action, False, "%s: %s" % (instance.unit, why)))
     return results
 
 
@@ -146,9 +152,8 @@ def _baseline(instance: Instance, rates: Measure) -> Any:
         return "no baseline: %s" % exc
 
 
-def _ab(result: Dict[str, Any], instance: Instance, before: Any, run: CommandRunner, rates: Measure
-        ) -> Dict[str, Any]:
-    """The A/B verdict of a restarted instance that passed its gates: rolled back when it got slower."""
+def _ab(result: Dict[str, Any], instance: Instance, before: Any, rates: Measure) -> Dict[str, Any]:
+    """The A/B verdict of a restarted instance that passed its gates (``ab_gate``; kept False: it got slower)."""
     if not result["ok"] or before is None:
         return result
     if isinstance(before, str):
@@ -156,12 +161,10 @@ def _ab(result: Dict[str, Any], instance: Instance, before: Any, run: CommandRun
     try:
         verdict = judge(before, rates(instance.gate), instance.gate.min_gain_percent)
     except NumaError as exc:
-        return dict(result, ok=False, msg="%s: not measured after its restart: %s" % (instance.unit, exc),
-                    rolled_back=roll_back(instance, run))
+        return dict(result, ok=False, msg="%s: not measured after its restart: %s" % (instance.unit, exc))
     if verdict["kept"]:
         return dict(result, ab_gate=verdict, msg="%s; %s" % (result["msg"], verdict["msg"]))
-    return dict(result, ab_gate=verdict, msg="%s: %s" % (instance.unit, verdict["msg"]),
-                rolled_back=roll_back(instance, run))
+    return dict(result, ab_gate=verdict, msg="%s: %s" % (instance.unit, verdict["msg"]))
 
 
 def wait_ready(instance: Instance, ready_seconds: float, run: CommandRunner, answers: Probe = probe,
@@ -186,17 +189,34 @@ def wait_ready(instance: Instance, ready_seconds: float, run: CommandRunner, ans
         sleep(POLL_SECONDS)
 
 
-def roll_back(instance: Instance, run: CommandRunner) -> str:
-    """Put back the instance's kept files and restart it on them; stop it when nothing was kept. Says what it did."""
-    restored = [path for path in instance.kept if os.path.isfile(path + PREVIOUS_SUFFIX)]
-    if not restored:
-        _systemctl(run, "stop", instance.unit)
-        return "stopped: its first deployment, nothing to go back to"
-    for path in restored:
-        os.replace(path + PREVIOUS_SUFFIX, path)
-    _systemctl(run, "daemon-reload")
-    _systemctl(run, "restart", instance.unit)
-    return "back on its previous %s, restarted" % ", ".join(restored)
+def undo(done: Sequence[Tuple[Instance, str]], pending: Sequence[Tuple[Instance, str]], ready_seconds: float,
+         run: CommandRunner, answers: Probe = probe, clock: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> Dict[str, str]:
+    """Take the host's whole change back: every kept file gets its ``.previous`` back (a unit template is shared
+    by all the instances of its service, so one instance alone cannot go back), the instances already
+    (re)started restart on them, a first deployment is stopped, and the pending ones are left as they run.
+    Returns unit -> what was done to it."""
+    restored = False
+    for instance, _action in list(done) + list(pending):
+        for path in instance.kept:
+            if os.path.isfile(path + PREVIOUS_SUFFIX):
+                os.replace(path + PREVIOUS_SUFFIX, path)
+                restored = True
+    if restored:
+        _systemctl(run, "daemon-reload")
+    said = {}
+    for instance, _action in done:
+        if not instance.kept:
+            _systemctl(run, "stop", instance.unit)
+            said[instance.unit] = "stopped: its first deployment, nothing to go back to"
+            continue
+        _systemctl(run, "restart", instance.unit)
+        why = wait_ready(instance, ready_seconds, run, answers, clock, sleep)
+        said[instance.unit] = "back on its previous unit and plan, %s" % ("ready" if why is None else
+                                                                          "NOT ready: %s" % why)
+    for instance, _action in pending:
+        said[instance.unit] = "left on its previous unit and plan"
+    return said
 
 
 def _systemctl(run: CommandRunner, action: str, unit: Optional[str] = None) -> None:
@@ -211,8 +231,12 @@ def _result(instance: Instance, action: str, ok: bool, msg: str) -> Dict[str, An
 
 
 def _summary(results: List[Dict[str, Any]], changed: bool) -> Dict[str, Any]:
-    # A change the A/B gate rolled back is a verdict, not a failure: the instance runs, on its previous placement.
-    failed = [result for result in results if not result["ok"] and result["rolled_back"]]
-    msg = "; ".join("%s (%s)" % (result["msg"], result["rolled_back"]) for result in failed) if failed else (
-        "%d instance(s) started or restarted, each ready" % len(results) if results else "every instance runs")
+    # A change the A/B gate rolled back is a verdict, not a failure: the instances run, on their previous placement.
+    failed = [result for result in results if not result["ok"] and not result.get("skipped")]
+    slower = [result for result in results if (result["ab_gate"] or {}).get("kept") is False]
+    if failed or slower:
+        msg = "; ".join(result["msg"] for result in failed + slower) + "; the change was rolled back: " + "; ".join(
+            "%s %s" % (result["unit"], result["rolled_back"]) for result in results if result["rolled_back"])
+    else:
+        msg = "%d instance(s) started or restarted, each ready" % len(results) if results else "every instance runs"
     return {"changed": changed, "failed": bool(failed), "msg": msg, "instances": results}
