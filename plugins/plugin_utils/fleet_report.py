@@ -15,7 +15,7 @@ inside an installed collection.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.metrics import DEFAULT_SETTINGS
 from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
@@ -92,7 +92,15 @@ def _instance_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
             "minimum": "%g %%" % _or(entry.get("min_local_percent"), DEFAULT_SETTINGS["min_local_percent"]),
             "drift": bool(entry.get("drift")),
             "affinity": {True: "yes", False: "NO", None: "-"}[entry.get("affinity_match")],
-            "message": entry.get("message") or ""}
+            "gain": _gain(entry.get("ab_gate")), "message": entry.get("message") or ""}
+
+
+def _gain(verdict: Optional[Mapping[str, Any]]) -> str:
+    """The A/B gate's measured gain of the instance's last placement change, and what became of the change."""
+    if not verdict:
+        return "-"
+    measured = "not measured" if verdict.get("gain_percent") is None else "%+.1f %%" % verdict["gain_percent"]
+    return "%s, %s" % (measured, "kept" if verdict.get("kept") else "rolled back")
 
 
 def _planned_row(entry: Mapping[str, Any]) -> Dict[str, Any]:

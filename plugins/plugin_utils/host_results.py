@@ -185,6 +185,7 @@ METRICS_RESULT = mapping({
         "local_ratio": mapping({"anon": _RATIO, "file": _RATIO, "judged": _RATIO}, null=True),
         "min_local_percent": number(0, 100, null=True), "drift": boolean(null=True),
         "affinity_match": boolean(null=True), "message": text(null=True),
+        "ab_gate": mapping({"kept": boolean(), "gain_percent": number(-1e6, 1e6, null=True)}, null=True),
     })),
     "planned": items(mapping({
         "unit": _UNITS, "service": _UNITS, "policy": text(256, null=True), "nodes": text(null=True),

@@ -59,10 +59,11 @@ def test_a_service_that_cannot_be_placed_is_a_row_saying_why(gpu_host, tmp_path)
     assert "layout 'sideways' is none of" in fleet.plan_service(no_gpu, {"name": "v", "layout": "sideways"})[0]["error"]
 
 
-def result(balancing=0, drift=False):
+def result(balancing=0, drift=False, gate=None):
     instance = {"unit": "llama@1.service", "policy": "bind", "nodes": "1", "cpulist": "2-3", "up": True,
                 "local_ratio": {"anon": 1.0, "file": 0.5 if drift else 1.0, "judged": 0.9 if drift else 1.0},
-                "min_local_percent": 99.0, "drift": drift, "affinity_match": not drift, "message": "ok"}
+                "min_local_percent": 99.0, "drift": drift, "affinity_match": not drift, "message": "ok",
+                "ab_gate": gate}
     return {"host": {"numa_balancing": balancing, "node_count": 2, "cpu_count": 4, "gpu_count": 1,
                      "nodes": [{"id": 0, "memory_free_bytes": 2 << 30}, {"id": 1, "memory_free_bytes": 1 << 30}]},
             "topology": {"nodes": [{"id": 0, "cpus": 2, "cpulist": "0-1", "memory_total_bytes": 4 << 30, "gpus": []},
@@ -73,7 +74,7 @@ def result(balancing=0, drift=False):
                          "gpus": [], "port": 8080, "error": None}]}
 
 
-HOSTVARS = {"good": {"fleet_report_result": result()},
+HOSTVARS = {"good": {"fleet_report_result": result(gate={"kept": True, "gain_percent": 65.06})},
             "drifting": {"fleet_report_result": result(balancing=1, drift=True)},
             "gone": {"fleet_report_result": {"unreachable": True, "msg": "Failed to connect\nto the host"}},
             "broken": {"fleet_report_result": {"failed": True, "msg": "topology root '/x' is not a directory"}},
@@ -119,6 +120,9 @@ def test_both_pages_show_the_hosts_their_nodes_services_and_warnings():
     assert "| drifting | 2 | 4 | 1 | `ON (NUMA hinting faults migrate pages)` | 1 | 1 | 4 |" in markdown
     assert "| `llama@1.service` | up | bind | 1 | 2-3 | 100.00 % | 50.00 % | 90.00 % | 99 % | DRIFT | NO |" in markdown
     assert "| `llama@0.service` | bind | 0 | 0-1 | 2 | `-` | 8080 |" in markdown
+    # The measured gain column: the A/B gate's verdict where one measured, "-" elsewhere.
+    assert "| 100.00 % | 100.00 % | 100.00 % | 99 % | no | yes | `+65.1 %, kept` |" in markdown
+    assert "| DRIFT | NO | `-` |" in markdown and "+65.1 %, kept</td>" in html
     assert "| 1 | 2 | 2-3 | 4.0 | 1.0 | `0000:81:00.0` |" in markdown
     assert "- **gone**: `unreachable: Failed to connect to the host`" in markdown
     assert "<script>" not in html and "&lt;script&gt;" in html and 'class="bad">DRIFT' in html

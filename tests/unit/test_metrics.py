@@ -206,6 +206,33 @@ def test_bad_audit_settings_leave_the_service_out_naming_the_file(host):
     assert all("llama.audit.json: min_local_percent 'lots' is not a percentage" in w for w in snap["warnings"])
 
 
+def test_the_ab_gates_verdicts_are_shown_per_instance(host):
+    write_json(os.path.join(host[1], "ab-gates.json"), {
+        "llama@0.service": {"kept": True, "gain_percent": 65.06, "msg": "8.30 -> 13.70 tokens/s"},
+        "llama@1.service": {"kept": False, "gain_percent": -48.5}, "down@0.service": {"kept": True, "msg": "no"},
+        "evil\n# TYPE x gauge": {"kept": "yes", "gain_percent": 1}})
+    snap = snapshot_of(host)
+    by_unit = dict((entry["unit"], entry["ab_gate"]) for entry in snap["instances"])
+    assert by_unit == {"llama@0.service": {"kept": True, "gain_percent": 65.06},
+                       "llama@1.service": {"kept": False, "gain_percent": -48.5},
+                       "down@0.service": {"kept": True, "gain_percent": None}}
+    assert any("the verdict on 'evil\\n# TYPE x gauge' is not {kept" in warning for warning in snap["warnings"])
+    text = metrics.render(snap)
+    assert value(text, "inferops_numa_instance_ab_gain_ratio", unit="llama@0.service") == 0.6506
+    assert value(text, "inferops_numa_instance_ab_kept", unit="llama@1.service") == 0
+    assert value(text, "inferops_numa_instance_ab_kept", unit="down@0.service") == 1
+    assert 'inferops_numa_instance_ab_gain_ratio{nodes="0-1"' not in text  # not measured, no sample
+
+
+def test_an_ab_gates_file_others_may_write_is_ignored(host):
+    write_json(os.path.join(host[1], "ab-gates.json"), {"llama@0.service": {"kept": True, "gain_percent": 1}},
+               mode=0o666)
+    snap = snapshot_of(host)
+    assert all(entry["ab_gate"] is None for entry in snap["instances"])
+    assert any("ab-gates.json" in warning and "only a regular file that root alone may write" in warning
+               for warning in snap["warnings"])
+
+
 # --- files written as root ------------------------------------------------------------------------
 
 

@@ -31,6 +31,7 @@ written.
 
 import copy
 import json
+import math
 import os
 import re
 import stat
@@ -57,6 +58,8 @@ NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "loc
 MAX_JSON_BYTES = 1 << 20
 
 PLAN_SUFFIX = ".plan.json"
+# The A/B gates' verdicts of the last placement change (inference_service/tasks/main.yml writes it).
+AB_GATES = "ab-gates.json"
 # Every name a record could have, read for the unit it would name: svc@1 and svc@01 both name svc@1.service.
 _RECORD_NAME = re.compile(r"(.*)@([0-9]+)\.plan\.json", re.DOTALL)
 # The names the inference_service role writes: unit_text.unit_prefix's service names, less a leading '-'
@@ -146,6 +149,7 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
         return []
     records = []
     settings = {}  # type: Dict[str, Dict[str, Any]]
+    gates = ab_gates(fd, plan_dir, warnings)
     for name in _unambiguous(names, plan_dir, warnings):
         path = os.path.join(plan_dir, name)
         try:
@@ -157,9 +161,34 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
         except NumaError as exc:
             warnings.append(str(exc))
             continue
-        records.append({"service": service, "index": index, "unit": "%s@%d.service" % (service, index),
-                        "plan": plan, "plan_mtime": mtime, "settings": settings[service]})
+        unit = "%s@%d.service" % (service, index)
+        records.append({"service": service, "index": index, "unit": unit, "plan": plan, "plan_mtime": mtime,
+                        "settings": settings[service], "ab_gate": gates.get(unit)})
     return sorted(records, key=lambda record: (record["service"], record["index"]))
+
+
+def ab_gates(plan_fd: int, plan_dir: str, warnings: List[str]) -> Dict[str, Dict[str, Any]]:
+    """unit -> the A/B gate's last verdict on it (``ab-gates.json``, the role writes it): {kept, gain_percent}
+    (None: nothing to compare with); a verdict that is not two such values is left out with a warning."""
+    path = os.path.join(plan_dir, AB_GATES)
+    try:
+        written, _mtime = read_trusted_json(plan_fd, AB_GATES, path)
+    except FileNotFoundError:
+        return {}
+    except NumaError as exc:
+        warnings.append(str(exc))
+        return {}
+    verdicts = {}
+    for unit, verdict in written.items():
+        gain = verdict.get("gain_percent") if isinstance(verdict, dict) else None
+        measured = gain is None or (isinstance(gain, (int, float)) and not isinstance(gain, bool)
+                                    and math.isfinite(gain) and abs(gain) < 1e6)
+        if not (isinstance(verdict, dict) and isinstance(verdict.get("kept"), bool) and measured):
+            warnings.append("%s: the verdict on %s is not {kept: true|false, gain_percent: a number or null}; left "
+                            "out; %s" % (path, shown(unit), REDEPLOY))
+            continue
+        verdicts[str(unit)] = {"kept": verdict["kept"], "gain_percent": None if gain is None else float(gain)}
+    return verdicts
 
 
 def _unambiguous(names: Sequence[str], plan_dir: str, warnings: List[str]) -> List[str]:
@@ -308,7 +337,8 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
              "state": props.get("ActiveState") or "unknown", "up": False, "pids": [],
              "local_ratio": {"anon": None, "file": None, "judged": None},
              "resident_bytes": {"anon": None, "file": None}, "remote_bytes": {"anon": None, "file": None},
-             "affinity_match": None, "drift": False, "remote_nodes": {}, "message": ""}
+             "affinity_match": None, "drift": False, "remote_nodes": {}, "message": "",
+             "ab_gate": record.get("ab_gate")}
     if entry["state"] != "active" or int(props.get("MainPID") or 0) <= 0:
         entry["message"] = "%s is not running (ActiveState=%s)" % (record["unit"], entry["state"])
         return entry
@@ -450,6 +480,9 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
                       "1 when every thread of the instance may run only on its plan's CPUs and last ran on one.")
     age = Family("instance_plan_age_seconds", "gauge", "Seconds since the instance's plan record was written.")
     taken = Family("instance_drift_actions_total", "counter", "Drift actions (evict, restart) taken on the instance.")
+    gain = Family("instance_ab_gain_ratio", "gauge",
+                  "Tokens/s change the A/B gate measured at the instance's last placement change (0.65: 65 % faster).")
+    kept = Family("instance_ab_kept", "gauge", "1 when the A/B gate kept that change, 0 when it rolled it back.")
     for entry in instances:
         labels = {"unit": entry["unit"], "service": entry["service"], "policy": entry["policy"],
                   "nodes": entry["nodes"]}
@@ -459,6 +492,10 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         taken_here = (actions.get(entry["unit"]) or {}).get("counts") or {}
         for action in ON_DRIFT[1:]:
             taken.add(dict(labels, action=action), int(taken_here.get(action, 0)))
+        if entry.get("ab_gate"):
+            kept.add(labels, entry["ab_gate"]["kept"])
+            if entry["ab_gate"]["gain_percent"] is not None:
+                gain.add(labels, round(entry["ab_gate"]["gain_percent"] / 100.0, 6))
         if not entry["up"]:
             continue
         for kind in ("anon", "file"):
@@ -468,7 +505,7 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         judged.add(dict(labels, pages=entry["pages"]), entry["local_ratio"]["judged"])
         drift.add(labels, entry["drift"])
         affinity.add(labels, entry["affinity_match"])
-    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken]
+    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken, gain, kept]
 
 
 # --- files written as root -------------------------------------------------------------------------
