@@ -25,6 +25,8 @@ class FakeHost:
                 "success") for unit in units) + "\n", ""
         if argv[1] in ("start", "restart"):
             self.state[argv[-1]] = self.boots.get(argv[-1], "active")
+            if self.state[argv[-1]] == "failed":
+                return 1, "", "Job for %s failed because the control process exited with error code." % argv[-1]
         elif argv[1] == "stop":
             self.state[argv[-1]] = "inactive"
         return 0, "", ""
@@ -112,7 +114,8 @@ def test_a_failed_unit_is_not_waited_for_and_a_first_deployment_is_stopped():
                           clock=host.clock, sleep=host.sleep)
     assert result["failed"] and host.now == 0
     (only,) = result["instances"]
-    assert only["msg"] == ("a@0.service: its unit failed (exit-code): see `journalctl -u a@0.service`")
+    assert only["msg"] == ("a@0.service: systemctl start -- a@0.service failed (rc 1): Job for a@0.service failed "
+                           "because the control process exited with error code.")
     assert only["rolled_back"] == "stopped: its first deployment, nothing to go back to"
     assert host.state["a@0.service"] == "inactive"
 
@@ -256,3 +259,18 @@ def test_measure_asks_llama_server_and_an_openai_server_the_same_question():
     assert rates == [8.0, 8.0, 8.0] and asked[0] == ("/v1/models", {})
     assert asked[1] == ("/v1/completions", {"model": "m", "prompt": "Hi", "max_tokens": 8, "ignore_eos": True,
                                             "temperature": 0})
+
+
+def test_a_unit_that_fails_after_it_started_is_not_waited_for():
+    host = FakeHost(active=["a@0.service"])
+    started = host.run
+
+    def run(argv):
+        done = started(argv)
+        if argv[1] == "restart":
+            host.state[argv[-1]] = "failed"  # exec'd, then exited: systemctl said nothing
+        return done
+    result = rollout.roll([instance("a@0.service", kept=["/nonexistent/a@.service"])], 1, 600, run,
+                          answers=lambda i: None, clock=host.clock, sleep=host.sleep)
+    assert host.now == 0 and result["failed"]
+    assert result["instances"][0]["msg"] == "a@0.service: its unit failed (exit-code): see `journalctl -u a@0.service`"

@@ -22,7 +22,7 @@ A failed gate fails the host; a slower placement is a verdict, not a failure.
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 from http import client as http_client
 from urllib.parse import urlsplit
 
@@ -107,10 +107,9 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
         group = due[start:start + batch]
         baselines = {instance.unit: _baseline(instance, rates) for instance, action in group
                      if instance.gate and action == "restart"}
-        for instance, action in group:
-            _systemctl(run, action, instance.unit)
+        refused = {instance.unit: _start(run, action, instance.unit) for instance, action in group}
         judged = [_ab(result, instance, baselines.get(instance.unit), rates) for result, (instance, _action) in
-                  zip(_gate(group, ready_seconds, run, root, settle_seconds, answers, clock, sleep), group)]
+                  zip(_gate(group, refused, ready_seconds, run, root, settle_seconds, answers, clock, sleep), group)]
         results += judged
         done += group
         if any(not result["ok"] or (result["ab_gate"] or {}).get("kept") is False for result in judged):
@@ -123,10 +122,20 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
     return _summary(results, bool(due))
 
 
-def _gate(group: Sequence[Tuple[Instance, str]], ready_seconds: float, run: CommandRunner, root: str,
-          settle_seconds: float, answers: Probe, clock: Callable[[], float],
+def _start(run: CommandRunner, action: str, unit: str) -> Optional[str]:
+    """``systemctl start|restart`` the unit; None, or what systemctl said when it refused (a unit whose start
+    fails at once: the gate fails it without waiting)."""
+    try:
+        _systemctl(run, action, unit)
+    except NumaError as exc:
+        return str(exc)
+    return None
+
+
+def _gate(group: Sequence[Tuple[Instance, str]], refused: Mapping[str, Optional[str]], ready_seconds: float,
+          run: CommandRunner, root: str, settle_seconds: float, answers: Probe, clock: Callable[[], float],
           sleep: Callable[[float], None]) -> List[Dict[str, Any]]:
-    waits = {instance.unit: wait_ready(instance, ready_seconds, run, answers, clock, sleep)
+    waits = {instance.unit: refused[instance.unit] or wait_ready(instance, ready_seconds, run, answers, clock, sleep)
              for instance, _action in group}
     audits = [instance.audit for instance, _action in group if instance.audit and waits[instance.unit] is None]
     reports = {report["unit"]: report for report in
