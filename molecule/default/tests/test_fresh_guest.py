@@ -38,9 +38,13 @@ def test_the_dry_run_fails_nothing_and_warns_of_nothing(fresh):
 
 def test_the_dry_run_shows_the_files_under_their_real_paths_and_what_it_would_start(fresh):
     output = fresh["dry_run"]["output"]
-    for path in ("/etc/systemd/system/llama@.service", "/etc/inferops-numa/llama@0.plan.json",
-                 "/etc/sysctl.d/60-inferops-numa.conf", "/usr/local/bin/numa-pin"):
+    # The files are shown in diffs headed by their own paths (the plan directory a dry run does not make is
+    # shown being made; what would go into it cannot be compared).
+    for path in ("+++ after: /etc/systemd/system/llama@.service", "+++ after: /usr/local/bin/numa-pin",
+                 "/etc/sysctl.d/60-inferops-numa.conf", '"path": "/etc/inferops-numa"'):
         assert path in output, path
+    temporary = [line for line in output.splitlines() if line.startswith("+++ after: ") and "tmp" in line]
+    assert temporary == [], "diffs headed by a temporary file: %s" % temporary
     assert "would start llama@0.service" in output and "would start llama@1.service" in output, output[-3000:]
 
 
