@@ -177,10 +177,10 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Instance, roll
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit, load_plan
 
-AUDIT_OPTIONS = {"plan_file": {"type": "path"}, "min_local_percent": {"type": "float", "default": 99.0},
-                 "pages": {"type": "str", "default": "all", "choices": ["all", "anon", "file"]}}
+AUDIT_OPTIONS = {"plan_file": {"type": "path"}, **judging.argument_spec()}
 # max_tokens is a token count, not a secret (validate-modules reads "token" as one).
 GATE_OPTIONS = {"rounds": {"type": "int", "default": 3}, "prompt": {"type": "str", "default": "Hello"},
                 "max_tokens": {"type": "int", "default": 16, "no_log": False},
