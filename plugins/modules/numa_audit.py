@@ -67,6 +67,15 @@ options:
         type: str
         choices: [all, anon, file]
         default: all
+  plan_dir:
+    description:
+      - Audit every instance the C(inferops.numa.inference_service) role deployed on the host, each against the plan
+        record it wrote in this directory (such as C(/etc/inferops-numa)) and its service's judging
+        (C(min_local_percent), C(pages); a service deployed with C(audit=false) is left out), as the metrics do.
+        Records that cannot be trusted (not root's, writable by others, a link) are left out with a warning.
+      - Mutually exclusive with O(unit), O(pids), O(units), O(plan) and O(plan_file). Playbook C(site.yml) runs it
+        with C(--tags audit).
+    type: path
   plan:
     description:
       - The plan to compare with, as returned by M(inferops.numa.numa_plan) (keys C(policy), C(mem_nodes), and
@@ -128,6 +137,11 @@ EXAMPLES = r"""
     plan_file: /etc/inferops-numa/llama@1.plan.json
     wait_seconds: 300
 
+- name: Audit every instance the inference_service role deployed, as site.yml --tags audit does
+  inferops.numa.numa_audit:
+    plan_dir: /etc/inferops-numa
+    wait_seconds: 0
+
 - name: Audit every instance of two services in one run
   inferops.numa.numa_audit:
     units:
@@ -171,7 +185,7 @@ unit:
 units:
   description: With O(units), one report per unit, in the order given; each has the keys C(unit), C(ok),
     C(msg) and, when the unit could be read, the other keys returned for a single O(unit).
-  returned: when O(units) is given
+  returned: when O(units) or O(plan_dir) is given
   type: list
   elements: dict
   sample: [{"unit": "llama@0.service", "ok": true, "local_percent": 100.0,
@@ -321,6 +335,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import j
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import (
     UnitAudit, audit_pids, audit_unit, audit_units, load_plan)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.metrics import read_records
 
 
 def _given_plan(module: AnsibleModule):
@@ -351,6 +366,26 @@ def _audit_units(module: AnsibleModule):
             reports[entry["unit"]] = {"unit": entry["unit"], "ok": False, "msg": str(exc), "warnings": []}
             continue
         audits.append(UnitAudit(entry["unit"], plan, entry["min_local_percent"], entry["pages"]))
+    _report_units(module, audits, reports, names)
+
+
+def _audit_deployed(module: AnsibleModule):
+    """Every instance recorded in plan_dir, judged as its service was deployed (as the metrics read them)."""
+    warnings = []  # type: list
+    records = [record for record in read_records(module.params["plan_dir"], warnings) if record["settings"]["audit"]]
+    for warning in warnings:
+        module.warn(warning)
+    if not records:
+        module.exit_json(changed=False, ok=True, units=[],
+                         msg="no instance to audit: none recorded in %s" % module.params["plan_dir"])
+    audits = [UnitAudit(record["unit"], record["plan"], record["settings"]["min_local_percent"],
+                        record["settings"]["pages"]) for record in records]
+    _report_units(module, audits, {}, [audit.unit for audit in audits])
+
+
+def _report_units(module: AnsibleModule, audits: list, reports: dict, names: list):
+    """Audit ``audits`` together and report each of ``names`` (those in ``reports`` failed before) in order."""
+    params = module.params
     try:
         audited = audit_units(params["root"], audits, params["wait_seconds"], params["settle_seconds"],
                               run=_run(module))
@@ -358,7 +393,7 @@ def _audit_units(module: AnsibleModule):
         module.fail_json(msg=str(exc))
     for report in audited:
         reports[report["unit"]] = report
-    ordered = [reports[entry["unit"]] for entry in params["units"]]
+    ordered = [reports[name] for name in names]
     for report in ordered:
         for warning in report.pop("warnings", []):
             module.warn(warning)
@@ -380,6 +415,7 @@ def main() -> None:
                 "plan_file": {"type": "path"},
                 **judging.argument_spec(),
             }},
+            "plan_dir": {"type": "path"},
             "plan": {"type": "dict"},
             "plan_file": {"type": "path"},
             **judging.argument_spec(),
@@ -387,14 +423,16 @@ def main() -> None:
             "settle_seconds": {"type": "float", "default": 3.0},
             "root": {"type": "path", "default": "/"},
         },
-        mutually_exclusive=[("unit", "pids", "units"), ("plan", "plan_file"), ("units", "plan"),
-                            ("units", "plan_file")],
-        required_one_of=[("unit", "pids", "units")],
+        mutually_exclusive=[("unit", "pids", "units", "plan_dir"), ("plan", "plan_file"), ("units", "plan"),
+                            ("units", "plan_file"), ("plan_dir", "plan"), ("plan_dir", "plan_file")],
+        required_one_of=[("unit", "pids", "units", "plan_dir")],
         supports_check_mode=True,
     )
     params = module.params
     if params["units"]:
         _audit_units(module)
+    if params["plan_dir"]:
+        _audit_deployed(module)
     try:
         plan = _given_plan(module)
         if params["unit"]:

@@ -74,6 +74,14 @@ options:
         type: list
         elements: path
         default: []
+      first_deployment:
+        description:
+          - Nothing of this instance was deployed before. With O(instances[].ab_gate) its baseline is then the same
+            server started once without placement (the Linux default, through a runtime drop-in in
+            C(/run/systemd/system) removed once measured), so the gate measures what binding gains on this host;
+            the binding is kept either way, as there is no placement of ours to go back to.
+        type: bool
+        default: false
       ab_gate:
         description:
           - Keep a restart's new placement only where it measurably helps. Before the restart the running instance's
@@ -163,7 +171,10 @@ ansible_facts:
   type: dict
   contains:
     numa_ab_gates:
-      description: Unit to its gate's verdict (before and after medians, gain, noise band, kept or rolled back).
+      description:
+        - Unit to its gate's verdict (before and after medians, gain, noise band, kept or rolled back).
+        - A first deployment's verdict has C(baseline=unbound) (before is the server started once without placement)
+          and is always kept.
       type: dict
       sample: {"llama@0.service": {"before_tokens_per_second": 8.3, "after_tokens_per_second": 13.7,
                "gain_percent": 65.06, "noise_percent": 1.2, "rounds": 3, "kept": true}}
@@ -190,17 +201,18 @@ INSTANCE_OPTIONS = {
     "unit": {"type": "str", "required": True}, "restart": {"type": "bool", "default": False},
     "engine": {"type": "str", "default": "generic"}, "port": {"type": "int"}, "health_url": {"type": "str"},
     "audit": {"type": "dict", "options": AUDIT_OPTIONS}, "kept": {"type": "list", "elements": "path", "default": []},
-    "ab_gate": {"type": "dict", "options": GATE_OPTIONS},
+    "ab_gate": {"type": "dict", "options": GATE_OPTIONS}, "first_deployment": {"type": "bool", "default": False},
 }
 
 
-def _instance(entry: dict) -> Instance:
+def _instance(entry: dict, check: bool) -> Instance:
     audit = entry["audit"]
+    # A dry run audits nothing, and on a fresh host the plan it would audit against was not written.
     return Instance(entry["unit"], entry["restart"], health_url(entry["engine"], entry["port"], entry["health_url"]),
-                    entry["port"], None if audit is None else UnitAudit(
+                    entry["port"], None if audit is None or check else UnitAudit(
                         entry["unit"], None if audit["plan_file"] is None else load_plan(audit["plan_file"]),
                         audit["min_local_percent"], audit["pages"]),
-                    tuple(entry["kept"]), _gate(entry))
+                    tuple(entry["kept"]), _gate(entry), entry["first_deployment"])
 
 
 def _gate(entry: dict) -> Optional[Gate]:
@@ -225,7 +237,7 @@ def main() -> None:
     )
     params = module.params
     try:
-        result = roll([_instance(entry) for entry in params["instances"]], params["batch"], params["ready_seconds"],
+        result = roll([_instance(entry, module.check_mode) for entry in params["instances"]], params["batch"], params["ready_seconds"],
                       module.run_command, params["root"], module.check_mode, params["settle_seconds"])
     except NumaError as exc:
         module.fail_json(msg=str(exc), instances=[])

@@ -21,6 +21,9 @@ import yaml
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLES = ("numa_host", "inference_service")
 ENTRIES = "inference_service_list"
@@ -39,6 +42,19 @@ ENTRY_RANGES = {
     "port_base": (1, 65535),
     "restart_sec": (0, None),
     "min_local_percent": (0, 100),
+}
+# What the unit template writes of an entry, checked as its filters check it (act/unit_text), so a value the unit
+# cannot hold is named before any host is changed, not when the template renders.
+UNIT_CHECKS = {
+    "command": unit_text.command_args,
+    "environment": unit_text.environment_lines,
+    "description": lambda value: unit_text.setting_value(value, "description"),
+    "user": lambda value: unit_text.account_name(value, "user"),
+    "group": lambda value: unit_text.account_name(value, "group"),
+    "working_directory": lambda value: unit_text.path_value(value, "working_directory"),
+    "read_write_paths": lambda paths: [unit_text.path_value(path, "read_write_paths entry") for path in paths],
+    "extra_settings": lambda settings: [unit_text.extra_setting_value(settings[unit_text.setting_name(name)], name)
+                                        for name in settings],
 }
 TYPE_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "a string",
               "path": "a path", "list": "a list", "dict": "a mapping", "raw": "a value"}
@@ -161,5 +177,10 @@ def _check_entry(entry: Mapping[str, Any], spec: Mapping[str, Any]) -> Tuple[Dic
         checked[key], problem = check_value(key, entry[key], option, ENTRY_RANGES.get(key))
         if problem:
             problems.append("%s: %s" % (key, problem))
+        elif key in UNIT_CHECKS:
+            try:
+                UNIT_CHECKS[key](checked[key])
+            except NumaError as exc:
+                problems.append("%s: %s" % (key, exc))
     problems += ["%s: %s" % (key, unknown_key(key, list(spec))) for key in entry if key not in spec]
     return checked, problems

@@ -289,3 +289,21 @@ def test_a_strict_start_whose_kernel_did_less_never_reaches_the_server(start, fa
     assert calls == first_calls and execs(calls) == []
     assert err.startswith("numa-pin: refusing to start the server unpinned: ") and words in err
     assert err.count("\n") == 1
+
+
+def test_the_a_b_gates_unbound_baseline_keeps_the_plans_threads_and_sets_no_placement(start, environ):
+    """Catches: _apply_unless_baseline skipping too much (the plan's threads and port) or too little (any
+    pinning call), and the variable passed on to the server."""
+    environ["INFEROPS_NUMA_AB_BASELINE"] = "unbound"
+    code, calls, err = start(two_nodes(), ["--node", "1", "--gpus", "none"], [SERVER, "-t", "{threads}"])
+    assert code == 0, err
+    assert calls == [("execvp", SERVER, [SERVER, "-t", "4"], {"OMP_NUM_THREADS": "4"})]
+    assert "A/B gate baseline: affinity and memory policy NOT set" in err
+    assert "INFEROPS_NUMA_AB_BASELINE" not in environ
+
+
+def test_any_other_value_of_the_baseline_variable_pins_as_always(start, environ):
+    environ["INFEROPS_NUMA_AB_BASELINE"] = "1"
+    code, calls, err = start(two_nodes(), ["--node", "1", "--gpus", "none"])
+    assert code == 0, err
+    assert calls[0] == ("sched_setaffinity", 0, [4, 5, 6, 7])

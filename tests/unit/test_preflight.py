@@ -82,6 +82,20 @@ def test_an_out_of_range_port_and_a_non_list_are_refused():
         "inference_service_list[0]: is str, not a mapping; give name, command and the service's keys"]
 
 
+@pytest.mark.parametrize("key, value, problem", [
+    ("environment", {"INFEROPS_NUMA_AB_BASELINE": "unbound"}, "environment variable INFEROPS_NUMA_AB_BASELINE is "
+                                                              "numa-pin's own"),
+    ("environment", {"A": "x\ny"}, "environment variable A 'x\\ny' contains a newline"),
+    ("user", "a:b", "no user or group name systemd accepts"),
+    ("read_write_paths", ["relative/dir"], "read_write_paths entry 'relative/dir' must be an absolute path"),
+    ("extra_settings", {"Bad Name": "1"}, "is not a systemd setting name"),
+])
+def test_a_value_the_unit_cannot_hold_is_named_before_any_change(key, value, problem):
+    _, problems = preflight.check_entries([dict(SERVICE, **{key: value})], {})
+    assert len(problems) == 1 and problems[0].startswith("service llama: %s: " % key), problems
+    assert problem in problems[0]
+
+
 # --- the host: read-only checks under a root ---------------------------------------------------------------
 
 def _host(tmp_path, machine=None, pid1="systemd", server=True, slice_cpus=None):

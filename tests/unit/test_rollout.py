@@ -274,3 +274,66 @@ def test_a_unit_that_fails_after_it_started_is_not_waited_for():
                           answers=lambda i: None, clock=host.clock, sleep=host.sleep)
     assert host.now == 0 and result["failed"]
     assert result["instances"][0]["msg"] == "a@0.service: its unit failed (exit-code): see `journalctl -u a@0.service`"
+
+
+def test_a_slower_change_is_kept_as_rejected_and_a_failed_one_is_not(tmp_path):
+    gated_roll(tmp_path, [8.0, 8.1, 7.9], [4.0, 4.1, 3.9])
+    assert (tmp_path / "a@.service.rejected").read_text() == "new\n"
+    assert (tmp_path / "a@.service").read_text() == "old\n" and not (tmp_path / "a@.service.previous").exists()
+    (tmp_path / "a@.service.rejected").unlink()
+    test_a_server_that_never_answers_is_rolled_back_and_the_rest_are_left_alone(tmp_path)
+    assert not (tmp_path / "a@.service.rejected").exists()  # a failure may be passing: it is tried again
+
+
+def first_roll(tmp_path, baseline, bound, boots=None, restart=False):
+    """A first deployment of a@0 behind the gate: the unbound baseline measured at ``baseline``, bound at ``bound``;
+    the drop-in each systemctl call saw."""
+    host = FakeHost(boots=boots)
+    drop_in = tmp_path / "run/systemd/system/a@0.service.d" / rollout.BASELINE_DROP_IN
+    seen = []
+    run = host.run
+
+    def watched(argv):
+        seen.append((argv[1], drop_in.is_file()))
+        return run(argv)
+    measured = iter([baseline, bound])
+    result = rollout.roll([rollout.Instance("a@0.service", restart, None, None, None, (), GATE, first=True)], 1, 60,
+                          watched, root=str(tmp_path), answers=lambda i: None, clock=host.clock, sleep=host.sleep,
+                          rates=lambda g: next(measured))
+    return result, [call for call in seen if call[0] != "show"], drop_in
+
+
+@pytest.mark.parametrize("action", ["start", "restart"])  # restart: the role wrote its first plan
+def test_a_first_deployment_is_measured_unbound_first_then_bound_and_kept(tmp_path, action):
+    result, calls, drop_in = first_roll(tmp_path, [4.0, 4.2, 4.1], [7.9, 8.1, 8.0], restart=action == "restart")
+    assert calls == [("daemon-reload", True), ("start", True), ("stop", True), ("daemon-reload", False),
+                     (action, False)]
+    assert not drop_in.exists() and not drop_in.parent.exists()
+    (only,) = result["instances"]
+    assert not result["failed"] and only["ab_gate"]["kept"] and only["ab_gate"]["baseline"] == "unbound"
+    assert only["ab_gate"]["msg"] == ("unbound 4.10 -> bound 8.00 tokens/s (+95.1 %, noise 2.4 %): first deployment, "
+                                      "binding kept")
+
+
+def test_binding_slower_than_the_default_is_said_and_kept_on_a_first_deployment(tmp_path):
+    result, _calls, _drop_in = first_roll(tmp_path, [8.0, 8.1, 7.9], [4.0, 4.1, 3.9])
+    (only,) = result["instances"]
+    assert not result["failed"] and only["ab_gate"]["kept"] and only["rolled_back"] is None
+    assert "SLOWER than the unbound default here" in only["ab_gate"]["msg"]
+
+
+def test_an_unbound_start_that_fails_leaves_no_drop_in_and_the_bound_start_goes_on(tmp_path):
+    host_boots = {"a@0.service": "failed"}
+    result, calls, drop_in = first_roll(tmp_path, [1.0], [1.0], boots=host_boots)
+    assert not drop_in.exists() and ("daemon-reload", False) in calls
+    (only,) = result["instances"]
+    assert result["failed"] and only["msg"].startswith("a@0.service: systemctl start -- a@0.service failed")
+
+
+def test_the_baseline_drop_in_is_not_written_through_a_planted_link(tmp_path):
+    (tmp_path / "run/systemd/system").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "run/systemd/system/a@0.service.d").symlink_to(tmp_path / "elsewhere")
+    result, calls, _drop_in = first_roll(tmp_path, [1.0], [2.0, 2.0])
+    assert calls == [("start", False)] and not list((tmp_path / "elsewhere").iterdir())
+    assert result["instances"][0]["ab_gate"]["msg"].startswith("no unbound baseline: ")

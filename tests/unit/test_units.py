@@ -370,3 +370,10 @@ def test_service_names_must_make_unit_names():
     for bad in ("a@b", "two words", "", "x/y", "llama:7b", ".", ".."):
         with pytest.raises(NumaError):
             unit_text.unit_prefix(bad)
+
+
+@pytest.mark.parametrize("name", ["INFEROPS_NUMA_AB_BASELINE", "INFEROPS_NUMA_ANYTHING"])
+def test_a_service_environment_cannot_set_numa_pins_own_variables(name):
+    with pytest.raises(NumaError, match="environment variable %s is numa-pin's own" % name):
+        unit_text.environment_lines({name: "unbound"})
+    assert unit_text.environment_lines({"INFEROPS": "x"}) == ['"INFEROPS=x"']

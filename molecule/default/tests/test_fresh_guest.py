@@ -1,8 +1,6 @@
 """site.yml on the freshly booted guest, before anything was deployed (converge.yml's first play on the guest):
-a dry run (--check --diff) and a run the preflight refuses; the guest's state is the same after each.
-
-Not asserted yet: that the dry run itself passes end to end (it stopped at apt's check mode, which needs
-python3-apt, now read with dpkg-query instead; its output is in build/reports/fresh-guest.json)."""
+a dry run (--check --diff) and a run the preflight refuses; the guest's state is the same after each, and the dry
+run passes end to end, saying under their real paths what it would write and what it would start."""
 
 import json
 import os
@@ -31,6 +29,31 @@ def test_the_guest_was_fresh(fresh):
 
 def test_the_dry_run_changed_nothing(fresh):
     assert fresh["after_dry_run"] == fresh["before"]
+
+
+def test_the_dry_run_passes_without_a_warning(fresh):
+    run = fresh["dry_run"]
+    assert int(run["rc"]) == 0, run["output"][-3000:]
+    assert "[WARNING]" not in run["output"] and "...ignoring" not in run["output"], run["output"][-3000:]
+
+
+@pytest.mark.parametrize("shown", [
+    "+++ after: /etc/sysctl.d/60-inferops-numa.conf",
+    "+++ after: /usr/local/bin/numa-pin",
+    "+++ after: /etc/systemd/system/inferops-numa-metrics.timer",
+    "+++ after: /etc/systemd/system/llama@.service",
+    '"path": "/etc/inferops-numa"',
+    "would start llama@0.service",
+    "would start llama@1.service",
+])
+def test_the_dry_run_shows_what_it_would_write_and_start(fresh, shown):
+    assert shown in fresh["dry_run"]["output"]
+
+
+def test_every_diff_is_headed_by_the_path_it_would_write(fresh):
+    headers = [line for line in fresh["dry_run"]["output"].splitlines() if line.startswith(("--- before:", "+++ after:"))]
+    assert headers, "no diff header at all"
+    assert not [line for line in headers if not line.split(": ", 1)[1].startswith(("/etc/", "/usr/", "/proc/"))], headers
 
 
 def test_the_refused_run_names_the_problem_and_changed_nothing(fresh):

@@ -280,10 +280,15 @@ def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_
         before = invocations(host)
         converge_llama(tmp_path, "same", ab_gate=GATE)
         assert invocations(host) == before
+        # The change the gate rolled back is not tried again (its files were kept as .rejected).
+        converge_llama(tmp_path, "slower-again", ab_gate=GATE, **squeezed())
+        assert invocations(host) == before
+        for unit, (_port, node) in PER_NODE.items():
+            assert placement(host, unit)["cpus"] == node_cpus(host, node), "%s squeezed again" % unit
     finally:
         host.run("systemctl stop lab-poll.service")
     polls = [line.split() for line in host.file("/run/lab-poll.log").content_string.splitlines() if line.strip()]
-    report(slower, faster, polls)
+    report({"squeezed": slower, "unsqueezed": faster}, polls)
     assert all(answered != ["0", "0"] for _time, *answered in polls), "both instances down at once"
     assert {tuple(answered) for _time, *answered in polls} >= {("0", "1"), ("1", "0")}, "a restart never seen"
     assert [verdict["kept"] for verdict in slower.values()] == [False], slower
@@ -291,20 +296,40 @@ def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_
     assert all(verdict["kept"] and verdict["gain_percent"] > 0 for verdict in faster.values()), faster
 
 
-def report(slower, faster, polls):
+def test_a_first_deployment_measures_binding_against_the_unbound_default(host, tmp_path):
+    # The pair forgotten (stopped, plan records gone): the next deployment is their first.
+    forgot = host.run("systemctl stop %s && rm -f /etc/inferops-numa/llama@*.plan.json*" % " ".join(sorted(PER_NODE)))
+    assert forgot.rc == 0, forgot.stderr
+    since = host.run("date +%s").stdout.strip()
+    converge_llama(tmp_path, "first", ab_gate=GATE)
+    first = verdicts(host)
+    report({"first, unbound -> bound": first}, append=True)
+    assert sorted(first) == ["llama@0.service", "llama@1.service"], first
+    assert all(verdict["kept"] and verdict["baseline"] == "unbound" for verdict in first.values()), first
+    for unit, (_port, node) in PER_NODE.items():
+        journal = host.run("journalctl -q -o cat -u %s --since @%s" % (unit, since)).stdout
+        assert "A/B gate baseline: affinity and memory policy NOT set" in journal, journal[-2000:]
+        assert placement(host, unit)["cpus"] == node_cpus(host, node), "%s not bound after its baseline" % unit
+    assert not host.file("/run/systemd/system/llama@0.service.d").exists
+
+
+def report(found_by_step, polls=None, append=False):
+    """Each step's verdicts (and the health polls) in build/reports/ab-gate.txt (or added to it), and printed."""
     lines = ["A/B gate in the TCG lab guest (%d rounds of %d tokens, medians):" % (GATE["rounds"], GATE["max_tokens"])]
-    for name, found in (("squeezed", slower), ("unsqueezed", faster)):
+    for name, found in found_by_step.items():
         for unit, verdict in sorted(found.items()):
-            lines.append("%-15s %-16s %s" % (name, unit, verdict.get("msg")))
-    bands = [verdict["noise_percent"] for found in (slower, faster) for verdict in found.values()
+            lines.append("%-24s %-16s %s" % (name, unit, verdict.get("msg")))
+    bands = [verdict["noise_percent"] for found in found_by_step.values() for verdict in found.values()
              if "noise_percent" in verdict]
     if bands:
         lines.append("noise band: median %.1f %%, widest %.1f %%" % (statistics.median(bands), max(bands)))
-    lines.append("health polls during the changes: %d, with one instance down: %d, with both down: %d" % (
-        len(polls), sum(1 for _t, *seen in polls if "0" in seen), sum(1 for _t, *seen in polls if seen == ["0", "0"])))
+    if polls is not None:
+        lines.append("health polls during the changes: %d, with one instance down: %d, with both down: %d" % (
+            len(polls), sum(1 for _t, *seen in polls if "0" in seen),
+            sum(1 for _t, *seen in polls if seen == ["0", "0"])))
     text = "\n".join(lines) + "\n"
     print("\n" + text)
     out = os.path.join(PROJECT, "build", "reports")
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "ab-gate.txt"), "w") as handle:
+    with open(os.path.join(out, "ab-gate.txt"), "a" if append else "w") as handle:
         handle.write(text)

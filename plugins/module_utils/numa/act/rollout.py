@@ -16,9 +16,16 @@ A unit that systemd reports ``failed`` is not waited for. When an instance fails
 back (written by the role before it changed them; a unit template is shared by all the instances of its service,
 so one instance cannot go back alone), the instances already (re)started restart on them, an instance with
 nothing kept (its first deployment) is stopped rather than left crash-looping, and no further batch starts.
-A failed gate fails the host; a slower placement is a verdict, not a failure.
+A failed gate fails the host; a slower placement is a verdict, not a failure, and the rejected files are kept as
+``<file>.rejected``: the role does not try the same change again on the next run (it would be rolled back again).
+
+An instance's first deployment has no placement of ours to compare with: its baseline is the same server started
+once without one (the Linux default, through a runtime drop-in that numa-pin and systemd read), so the gate
+measures the very gain binding claims. It reports that gain and keeps the binding either way: there is nothing of
+ours to go back to, and a server never runs unbound beyond its measurement.
 """
 
+import contextlib
 import os
 import socket
 import time
@@ -28,12 +35,16 @@ from urllib.parse import urlsplit
 
 from .ab_gate import Gate, judge, measure
 from ..base.errors import NumaError
+from ..system import safe_fs
+from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..read.audit import UnitAudit, audit_units
 from ..read.systemctl import CommandRunner, show_units
 
 POLL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 2.0
 PREVIOUS_SUFFIX = ".previous"
+REJECTED_SUFFIX = ".rejected"
+RUNTIME_UNIT_DIR = "run/systemd/system"
 DONE = {"start": "started", "restart": "restarted"}
 
 
@@ -46,6 +57,7 @@ class Instance(NamedTuple):
     audit: Optional[UnitAudit]
     kept: Tuple[str, ...]  # files the role changed and kept a <file>.previous of
     gate: Optional[Gate] = None  # measure tokens/s before and after a restart; keep the change only if not slower
+    first: bool = False  # its first deployment: nothing of it was there before
 
 
 Probe = Callable[["Instance"], Optional[str]]  # None when ready, else what it saw
@@ -105,8 +117,10 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
     done = []  # type: List[Tuple[Instance, str]]
     for start in range(0, len(due), batch):
         group = due[start:start + batch]
-        baselines = {instance.unit: _baseline(instance, rates) for instance, action in group
-                     if instance.gate and action == "restart"}
+        # A first deployment restarts (its plan was written) or starts, but has no placement of ours to measure.
+        baselines = {instance.unit: _unbound_baseline(instance, ready_seconds, run, root, answers, clock, sleep, rates)
+                     if instance.first else _baseline(instance, rates) for instance, action in group
+                     if instance.gate and (action == "restart" or instance.first)}
         refused = {instance.unit: _start(run, action, instance.unit) for instance, action in group}
         judged = [_ab(result, instance, baselines.get(instance.unit), rates) for result, (instance, _action) in
                   zip(_gate(group, refused, ready_seconds, run, root, settle_seconds, answers, clock, sleep), group)]
@@ -115,7 +129,8 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
         if any(not result["ok"] or (result["ab_gate"] or {}).get("kept") is False for result in judged):
             results += [dict(_result(instance, action, False, "not %s: the change was rolled back" % DONE[action]),
                              skipped=True) for instance, action in due[start + batch:]]
-            undone = undo(done, due[start + batch:], ready_seconds, run, answers, clock, sleep)
+            failed = any(not result["ok"] for result in judged)
+            undone = undo(done, due[start + batch:], ready_seconds, run, answers, clock, sleep, rejected=not failed)
             for result in results:
                 result["rolled_back"] = undone.get(result["unit"])
             break
@@ -161,8 +176,46 @@ def _baseline(instance: Instance, rates: Measure) -> Any:
         return "no baseline: %s" % exc
 
 
+def _unbound_baseline(instance: Instance, ready_seconds: float, run: CommandRunner, root: str, answers: Probe,
+                      clock: Callable[[], float], sleep: Callable[[float], None], rates: Measure) -> Any:
+    """A first deployment's rates started once without placement (the Linux default), or why there are none;
+    the instance is stopped again, its runtime drop-in removed, whatever happened."""
+    directory = os.path.join(root, RUNTIME_UNIT_DIR, instance.unit + ".d")
+    try:
+        _write_baseline_drop_in(root, instance.unit)
+        try:
+            _systemctl(run, "daemon-reload")
+            why = _start(run, "start", instance.unit) or wait_ready(instance, ready_seconds, run, answers, clock,
+                                                                    sleep)
+            return "no unbound baseline: %s" % why if why else rates(instance.gate)
+        finally:
+            try:
+                _systemctl(run, "stop", instance.unit)
+            finally:
+                os.unlink(os.path.join(directory, BASELINE_DROP_IN))
+                with contextlib.suppress(OSError):  # not empty: someone else's drop-ins are there too
+                    os.rmdir(directory)
+                _systemctl(run, "daemon-reload")
+    except (NumaError, OSError) as exc:
+        return "no unbound baseline: %s" % exc
+
+
+def _write_baseline_drop_in(root: str, unit: str) -> None:
+    """The runtime drop-in of the unbound baseline, in /run (gone at a reboot), written in directories root alone
+    may write, reached without following a link."""
+    names = safe_fs.names_of(root, os.path.join(RUNTIME_UNIT_DIR, unit + ".d"))
+    fd, problem, _owner = safe_fs.open_directory(root, names, safe_fs.PRIVATE_DIR, create=True)
+    if problem:
+        raise NumaError("refusing %s for the unbound baseline: %s" % (problem.path, problem.why))
+    try:
+        safe_fs.write_atomically(fd, BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT.encode("utf-8"), 0o644, "." + BASELINE_DROP_IN)
+    finally:
+        os.close(fd)
+
+
 def _ab(result: Dict[str, Any], instance: Instance, before: Any, rates: Measure) -> Dict[str, Any]:
-    """The A/B verdict of a restarted instance that passed its gates (``ab_gate``; kept False: it got slower)."""
+    """The A/B verdict of a restarted instance that passed its gates (``ab_gate``; kept False: it got slower).
+    A first deployment's verdict compares binding with the unbound default, and keeps the binding."""
     if not result["ok"] or before is None:
         return result
     if isinstance(before, str):
@@ -171,9 +224,21 @@ def _ab(result: Dict[str, Any], instance: Instance, before: Any, rates: Measure)
         verdict = judge(before, rates(instance.gate), instance.gate.min_gain_percent)
     except NumaError as exc:
         return dict(result, ok=False, msg="%s: not measured after its restart: %s" % (instance.unit, exc))
+    if instance.first:
+        verdict = dict(verdict, kept=True, baseline="unbound", msg=first_verdict(verdict))
+        return dict(result, ab_gate=verdict, msg="%s; %s" % (result["msg"], verdict["msg"]))
     if verdict["kept"]:
         return dict(result, ab_gate=verdict, msg="%s; %s" % (result["msg"], verdict["msg"]))
     return dict(result, ab_gate=verdict, msg="%s: %s" % (instance.unit, verdict["msg"]))
+
+
+def first_verdict(verdict: Mapping[str, Any]) -> str:
+    """What a first deployment's gate says: binding against the unbound default, kept either way."""
+    helps = verdict["gain_percent"] >= -verdict["noise_percent"]
+    return ("unbound %.2f -> bound %.2f tokens/s (%+.1f %%, noise %.1f %%): first deployment, binding kept%s"
+            % (verdict["before_tokens_per_second"], verdict["after_tokens_per_second"], verdict["gain_percent"],
+               verdict["noise_percent"], "" if helps else "; SLOWER than the unbound default here: check the "
+               "service's layout, threads and reserve_cpus"))
 
 
 def wait_ready(instance: Instance, ready_seconds: float, run: CommandRunner, answers: Probe = probe,
@@ -200,15 +265,18 @@ def wait_ready(instance: Instance, ready_seconds: float, run: CommandRunner, ans
 
 def undo(done: Sequence[Tuple[Instance, str]], pending: Sequence[Tuple[Instance, str]], ready_seconds: float,
          run: CommandRunner, answers: Probe = probe, clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep) -> Dict[str, str]:
+         sleep: Callable[[float], None] = time.sleep, rejected: bool = False) -> Dict[str, str]:
     """Take the host's whole change back: every kept file gets its ``.previous`` back (a unit template is shared
     by all the instances of its service, so one instance alone cannot go back), the instances already
     (re)started restart on them, a first deployment is stopped, and the pending ones are left as they run.
-    Returns unit -> what was done to it."""
+    ``rejected`` (the A/B gate's verdict, not a failure): the new files are kept as ``<file>.rejected``, for the
+    role not to try the same change again. Returns unit -> what was done to it."""
     restored = False
     for instance, _action in list(done) + list(pending):
         for path in instance.kept:
             if os.path.isfile(path + PREVIOUS_SUFFIX):
+                if rejected:
+                    os.replace(path, path + REJECTED_SUFFIX)
                 os.replace(path + PREVIOUS_SUFFIX, path)
                 restored = True
     if restored:

@@ -39,6 +39,16 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOINS_NEXT_LINE = re.compile(r"(?<!\\)(\\\\)*\\$")
 _SETTING_NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# numa-pin's own environment, which a service's environment may not set.
+OWN_ENV_PREFIX = "INFEROPS_NUMA_"
+# =unbound: numa-pin exec leaves the affinity and memory policy at the Linux default, for the A/B gate's baseline.
+BASELINE_ENV = OWN_ENV_PREFIX + "AB_BASELINE"
+# The runtime drop-in of that baseline: numa-pin reads its Environment=, systemd itself (pin_mode systemd) the
+# resets of its own placement.
+BASELINE_DROP_IN = "90-inferops-numa-ab-baseline.conf"
+BASELINE_DROP_IN_TEXT = ("# inferops.numa A/B gate: this instance's unbound baseline, removed once measured\n"
+                         "[Service]\nEnvironment=%s=unbound\nCPUAffinity=\nNUMAPolicy=default\nNUMAMask=\n"
+                         % BASELINE_ENV)
 # systemd's unit_name_is_valid for the prefix of a template (no "@", max 255 with suffix), less
 # ":" and the names "." and "..": the name is also the default user and group, which systemd
 # ignores when they hold these (the service would run as root), and the StateDirectory=.
@@ -219,6 +229,9 @@ def environment_assignment(name: Any, value: Any) -> str:
     if not _ENV_NAME.match(key):
         raise NumaError("environment variable name %r is not a valid name: use letters, digits and _, "
                         "not starting with a digit" % (key,))
+    if key.startswith(OWN_ENV_PREFIX):
+        raise NumaError("environment variable %s is numa-pin's own (%s* tell it how to place the server): remove it "
+                        "from the service's environment" % (key, OWN_ENV_PREFIX))
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise NumaError("environment variable %s has the value %r: give a string" % (key, value))
     text = str(value)

@@ -340,7 +340,7 @@ def run_exec(args: Args, server_argv: List[str]) -> int:
     topology, placement = _plan("/", args, plan_only=True)
     engine_notes = _check_engine(placement, server_argv, args.best_effort)
     # Placement first: a page the scan faults in is then read under the plan's policy.
-    notes = _apply(placement, topology, args.best_effort) + engine_notes
+    notes = _apply_unless_baseline(placement, topology, args.best_effort) + engine_notes
     argv, kept = _server_command(server_argv, placement)
     if kept:
         notes.append("engine %s: the command's own %s kept" % (placement.engine["engine"], " ".join(kept)))
@@ -419,6 +419,16 @@ def _server_command(server_argv: List[str], placement: Plan) -> Tuple[List[str],
     from ..base.tokens import server_command
 
     return server_command(server_argv, placement.to_dict())
+
+
+def _apply_unless_baseline(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:
+    """_apply, except for the A/B gate's unbound baseline (its runtime drop-in sets BASELINE_ENV=unbound for one
+    start, then is removed): the plan's threads and port, at the Linux default affinity and memory policy."""
+    from ..act.unit_text import BASELINE_ENV
+
+    if os.environ.pop(BASELINE_ENV, None) != "unbound":
+        return _apply(placement, topology, best_effort)
+    return ["A/B gate baseline: affinity and memory policy NOT set (the Linux default), for one measurement"]
 
 
 def _apply(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:
