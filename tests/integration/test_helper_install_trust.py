@@ -8,6 +8,8 @@ import tempfile
 
 import pytest
 
+from tests.unit.conftest import trusted_dir  # noqa: F401 (a fixture)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "roles", "numa_host", "files", "installed_stamp.py")
 NOBODY = 65534
@@ -21,15 +23,6 @@ def stamp(package, launcher):
         text = script.read()
     return subprocess.run([sys.executable, "-I", "-c", text, package, launcher],
                           capture_output=True, text=True, timeout=60, check=False)
-
-
-@pytest.fixture
-def trusted_dir():
-    """A root-owned 0755 directory whose parents are root's alone (/run is, /tmp is not)."""
-    path = tempfile.mkdtemp(prefix="numa-trust-", dir="/run")
-    os.chmod(path, 0o755)
-    yield path
-    shutil.rmtree(path)
 
 
 def install(base, stamp_text="v1 abc"):

@@ -13,8 +13,9 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import me
 from tests.fixtures import sysfs
 from tests.tools import missing
 from tests.unit.test_audit import PAGE
+from tests.unit.conftest import trusted_dir  # noqa: F401 (a fixture)
 from tests.unit.test_metrics import (NAMES, PACKAGE_PARENT, Systemd, host, machine_root,  # noqa: F401 (fixtures)
-                                     samples, snapshot_of, trusted_dir, value)
+                                     samples, snapshot_of, value)
 
 
 def promtool():

@@ -690,3 +690,27 @@ def test_cli_entry_point_takes_pids_or_a_unit(tmp_path):
         audit.audit_service(pids=[1], unit="x.service")
     with pytest.raises(NumaError, match="not neither"):
         audit.audit_service()
+
+
+def test_module_audits_every_deployed_instance_as_its_service_was_deployed(trusted_dir, capsys, monkeypatch):
+    for name, content in (("a@0.plan.json", BIND1), ("a@1.plan.json", BIND1), ("b@0.plan.json", BIND1),
+                          ("a.audit.json", {"min_local_percent": 90, "pages": "anon", "audit": True,
+                                            "on_drift": "none"}),
+                          ("b.audit.json", {"audit": False})):
+        with open(os.path.join(trusted_dir, name), "w") as handle:
+            json.dump(content, handle)
+    seen = []
+    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units({"a@0.service": True, "a@1.service": False},
+                                                                      seen))
+    result = run_module({"plan_dir": trusted_dir, "wait_seconds": 0}, capsys)
+    assert result["failed"] is True and [report["unit"] for report in result["units"]] == ["a@0.service",
+                                                                                          "a@1.service"]
+    # b is deployed with audit false; a's instances are judged by a.audit.json, against their records.
+    assert [(unit, plan["mem_nodes"], percent, pages) for unit, plan, percent, pages, _wait in seen] == [
+        ("a@0.service", [1], 90, "anon"), ("a@1.service", [1], 90, "anon")]
+
+
+def test_module_with_nothing_deployed_says_so_and_passes(trusted_dir, capsys):
+    result = run_module({"plan_dir": os.path.join(trusted_dir, "absent")}, capsys)
+    assert result.get("failed") is not True and result["units"] == []
+    assert result["msg"] == "no instance to audit: none recorded in %s" % os.path.join(trusted_dir, "absent")

@@ -179,6 +179,16 @@ def test_argparse_refusals_are_usage_and_one_error_line(capsys, argv):
     assert err.splitlines()[-1].startswith("numa-pin") and ": error: " in err.splitlines()[-1]
 
 
+@pytest.mark.parametrize("command", ["explain", "audit", "cost", "metrics", "facts"])
+def test_a_mistyped_option_shows_that_commands_usage(capsys, command):
+    with pytest.raises(SystemExit) as stop:
+        numa_pin.main([command, "--instnaces", "2"])
+    assert stop.value.code == numa_pin.EXIT_BAD_REQUEST
+    err = capsys.readouterr().err
+    assert err.startswith("usage: numa-pin %s " % command), err
+    assert err.splitlines()[-1] == "numa-pin %s: error: unrecognized arguments: --instnaces 2" % command
+
+
 @pytest.mark.parametrize("word", ["9" * 5000, "1e3", "0x10", "-"])
 def test_quick_parser_leaves_what_int_refuses_to_argparse(word):
     assert numa_pin._quick_parse(["exec", "--instances", word], ["true"]) is None
@@ -187,7 +197,7 @@ def test_quick_parser_leaves_what_int_refuses_to_argparse(word):
 # --- help, version ------------------------------------------------------------------------------
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-COMMANDS = ("facts", "explain", "exec", "audit", "cost")
+COMMANDS = ("facts", "explain", "exec", "audit", "cost", "metrics")
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -198,3 +208,11 @@ def test_every_option_of_every_command_has_help(command):
     assert [action.option_strings for action in actions if not (action.help or "").strip()] == []
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_commands_help_ends_with_its_exit_codes_and_an_example(capsys, command):
+    with pytest.raises(SystemExit):
+        numa_pin.main([command, "--help"])
+    text = capsys.readouterr().out
+    codes, example = numa_pin.COMMAND_HELP[command]
+    assert "exit codes: " in text and text.rstrip().endswith("example:\n  %s" % example), text[-400:]
+    assert example.startswith("numa-pin %s " % command)

@@ -138,6 +138,12 @@ def test_batches_of_two_restart_together():
                              ["restart", "--", "a@2.service"]]
 
 
+def test_a_changed_instance_that_is_not_running_is_started():
+    host = FakeHost(active=["a@1.service"])
+    result = rollout.roll([instance("a@0.service"), instance("a@1.service")], 1, 60, host.run, check=True)
+    assert [entry["msg"] for entry in result["instances"]] == ["would start a@0.service", "would restart a@1.service"]
+
+
 def test_check_mode_says_what_it_would_do_and_does_nothing():
     host = FakeHost(active=["a@0.service"])
     result = rollout.roll([instance("a@0.service"), instance("a@1.service", restart=False),
@@ -303,11 +309,11 @@ def first_roll(tmp_path, baseline, bound, boots=None, restart=False):
     return result, [call for call in seen if call[0] != "show"], drop_in
 
 
-@pytest.mark.parametrize("action", ["start", "restart"])  # restart: the role wrote its first plan
-def test_a_first_deployment_is_measured_unbound_first_then_bound_and_kept(tmp_path, action):
-    result, calls, drop_in = first_roll(tmp_path, [4.0, 4.2, 4.1], [7.9, 8.1, 8.0], restart=action == "restart")
+@pytest.mark.parametrize("restart", [False, True])  # True: the role wrote its first plan and unit
+def test_a_first_deployment_is_measured_unbound_first_then_bound_and_kept(tmp_path, restart):
+    result, calls, drop_in = first_roll(tmp_path, [4.0, 4.2, 4.1], [7.9, 8.1, 8.0], restart=restart)
     assert calls == [("daemon-reload", True), ("start", True), ("stop", True), ("daemon-reload", False),
-                     (action, False)]
+                     ("start", False)]
     assert not drop_in.exists() and not drop_in.parent.exists()
     (only,) = result["instances"]
     assert not result["failed"] and only["ab_gate"]["kept"] and only["ab_gate"]["baseline"] == "unbound"

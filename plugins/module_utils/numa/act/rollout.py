@@ -108,8 +108,10 @@ def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: C
     if batch < 1:
         raise NumaError("restart batch %r: give 1 or more instances at a time" % batch)
     states = show_units([instance.unit for instance in instances], run)
-    due = [(instance, "restart" if instance.restart else "start") for instance in instances
-           if instance.restart or states[instance.unit].get("ActiveState") != "active"]
+    # A changed instance that is not running is started, as one that was never deployed (a dry run says so).
+    running = {instance.unit for instance in instances if states[instance.unit].get("ActiveState") == "active"}
+    due = [(instance, "restart" if instance.unit in running else "start") for instance in instances
+           if instance.restart or instance.unit not in running]
     results = []  # type: List[Dict[str, Any]]
     if check:
         results = [_result(instance, action, True, "would %s %s" % (action, instance.unit)) for instance, action in due]

@@ -51,6 +51,18 @@ TOKENS_HELP = ("In SERVER ARGS, {threads} {node} {cpulist} {instance} {port} bec
                "node, CPU list, instance number and port (--port-base + instance).")
 EXPLAIN_EXAMPLE = "numa-pin explain --model /srv/models/model.gguf --instances 2 --instance 1"
 EXEC_EXAMPLE = "numa-pin exec --node 0 --port-base 8080 -- llama-server -t {threads} --port {port}"
+# Each command's --help ends with the exit codes it can give and an example.
+COMMAND_HELP = {
+    "facts": ("0 ok, 2 the root cannot be read", "numa-pin facts --root /srv/captured/dual-xeon"),
+    "explain": ("0 ok, 2 bad request or impossible plan", EXPLAIN_EXAMPLE),
+    "exec": ("none once the server runs (it is the server), 2 bad request or impossible plan, 3 the kernel refused "
+             "the placement (without --best-effort), 127 server not found", EXEC_EXAMPLE),
+    "audit": ("0 ok, 1 audit below target, 2 bad request or nothing to audit",
+              "numa-pin audit --unit llama@0.service --plan-file /etc/inferops-numa/llama@0.plan.json"),
+    "cost": ("0 ok, 2 bad request or nothing could be measured",
+             "numa-pin cost --unit llama@0.service --plan-file /etc/inferops-numa/llama@0.plan.json"),
+    "metrics": ("0 ok, 2 bad request or the textfile could not be written", "numa-pin metrics --stdout"),
+}
 # What each request option's value looks like in --help (argparse would show the option's name in capitals).
 METAVARS = {"node": "ID|auto", "gpus": "auto|none|N|ADDR,...", "model_size": "SIZE|PATH", "model": "PATH",
             "memory_headroom": "SIZE", "reserve_cpus": "CPULIST", "instances": "N", "instance": "I",
@@ -92,7 +104,9 @@ def _parse(argv: List[str]) -> Tuple[Args, List[str]]:
     if args is not None:
         return args, server_argv
     parser = _parser(own[0] if own else None)
-    args = parser.parse_args(own)
+    args, unknown = parser.parse_known_args(own)
+    if unknown:  # named by the command's own usage, not numa-pin's
+        parser.commands[args.command].error("unrecognized arguments: %s" % " ".join(unknown))
     if args.command == "exec" and not server_argv:
         parser.error("exec needs the server command after '--', e.g. numa-pin exec --node 0 -- llama-server -t {threads}")
     if args.command != "exec" and server_argv:
@@ -202,12 +216,13 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
 
-    facts = commands.add_parser("facts", help="print this host's topology as JSON (same as numa_facts)")
+    facts = commands.add_parser("facts", help="print this host's topology as JSON (same as numa_facts)",
+                                epilog=_epilog("facts"), formatter_class=text)
     facts.add_argument("--root", default="/", metavar="DIR", help="read sys/ and proc/ under DIR (a captured machine)")
     facts.set_defaults(run=run_facts)
 
     explain = commands.add_parser("explain", help="print the placement plan as JSON, change nothing",
-                                  epilog=exit_codes, formatter_class=text)
+                                  epilog=_epilog("explain"), formatter_class=text)
     _add_request_options(explain)
     explain.add_argument("--root", default="/", metavar="DIR", help="plan for the machine captured under DIR")
     explain.set_defaults(run=run_explain)
@@ -216,7 +231,7 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
         "exec", help="apply the plan to this process, then exec the server", formatter_class=text,
         description=fill("Plan, set this process's CPU affinity and memory policy, export the plan's environment, "
                          "then exec SERVER ARGS (same PID). " + TOKENS_HELP, 79),
-        epilog="%s\n\nexample:\n  %s" % (exit_codes, EXEC_EXAMPLE))
+        epilog=_epilog("exec"))
     _add_request_options(execute)
     execute.add_argument("--best-effort", action="store_true",
                          help="if the kernel refuses, degrade bind -> preferred -> CPU affinity only -> none "
@@ -225,7 +240,7 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
     execute.usage = execute.format_usage()[len("usage: "):].rstrip() + " -- SERVER [ARGS...]"
 
     audit = commands.add_parser("audit", help="where a running service's pages and threads really are",
-                                epilog=exit_codes, formatter_class=text)
+                                epilog=_epilog("audit"), formatter_class=text)
     audit.add_argument("--pid", type=int, action="append", default=[], metavar="PID",
                        help="a process to audit (repeatable)")
     audit.add_argument("--unit", metavar="NAME", help="a systemd unit: audits every process of its cgroup")
@@ -237,19 +252,29 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
                             "to settle")
     audit.set_defaults(run=run_audit)
 
-    cost = commands.add_parser("cost", help="measure remote vs local memory latency and bandwidth per node pair")
+    cost = commands.add_parser("cost", help="measure remote vs local memory latency and bandwidth per node pair",
+                               epilog=_epilog("cost"), formatter_class=text)
     if command == "cost":  # the measurement engine is not imported on the exec path
         from .cost_command import add_arguments
         add_arguments(cost)
     cost.set_defaults(run=run_cost)
 
     metrics = commands.add_parser("metrics", help="write Prometheus metrics of every deployed instance's locality "
-                                                  "and the host's NUMA state (node_exporter textfile)")
+                                                  "and the host's NUMA state (node_exporter textfile)",
+                                      epilog=_epilog("metrics"), formatter_class=text)
     if command == "metrics":  # like cost: its code stays off the exec path
         from .metrics_command import add_arguments as add_metrics_arguments
         add_metrics_arguments(metrics)
     metrics.set_defaults(run=run_metrics)
+    parser.commands = commands.choices  # type: ignore[attr-defined]
     return parser
+
+
+def _epilog(command: str) -> str:
+    from textwrap import fill
+
+    codes, example = COMMAND_HELP[command]
+    return "%s\n\nexample:\n  %s" % (fill("exit codes: " + codes, 79, subsequent_indent="  "), example)
 
 
 def _add_request_options(parser: argparse.ArgumentParser) -> None:
