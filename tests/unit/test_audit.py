@@ -700,11 +700,11 @@ def test_module_audits_every_deployed_instance_as_its_service_was_deployed(trust
         with open(os.path.join(trusted_dir, name), "w") as handle:
             json.dump(content, handle)
     seen = []
-    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units({"a@0.service": True, "a@1.service": False},
-                                                                      seen))
+    outcomes = {"a@0.service": True, "a@1.service": False}
+    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units(outcomes, seen))
     result = run_module({"plan_dir": trusted_dir, "wait_seconds": 0}, capsys)
-    assert result["failed"] is True and [report["unit"] for report in result["units"]] == ["a@0.service",
-                                                                                          "a@1.service"]
+    assert result["failed"] is True
+    assert [report["unit"] for report in result["units"]] == ["a@0.service", "a@1.service"]
     # b is deployed with audit false; a's instances are judged by a.audit.json, against their records.
     assert [(unit, plan["mem_nodes"], percent, pages) for unit, plan, percent, pages, _wait in seen] == [
         ("a@0.service", [1], 90, "anon"), ("a@1.service", [1], 90, "anon")]

@@ -51,9 +51,11 @@ def test_the_dry_run_shows_what_it_would_write_and_start(fresh, shown):
 
 
 def test_every_diff_is_headed_by_the_path_it_would_write(fresh):
-    headers = [line for line in fresh["dry_run"]["output"].splitlines() if line.startswith(("--- before:", "+++ after:"))]
+    headers = [line for line in fresh["dry_run"]["output"].splitlines()
+               if line.startswith(("--- before:", "+++ after:"))]
     assert headers, "no diff header at all"
-    assert not [line for line in headers if not line.split(": ", 1)[1].startswith(("/etc/", "/usr/", "/proc/"))], headers
+    elsewhere = [line for line in headers if not line.split(": ", 1)[1].startswith(("/etc/", "/usr/", "/proc/"))]
+    assert not elsewhere, elsewhere
 
 
 def test_the_refused_run_names_the_problem_and_changed_nothing(fresh):

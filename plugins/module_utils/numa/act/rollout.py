@@ -210,7 +210,8 @@ def _write_baseline_drop_in(root: str, unit: str) -> None:
     if problem:
         raise NumaError("refusing %s for the unbound baseline: %s" % (problem.path, problem.why))
     try:
-        safe_fs.write_atomically(fd, BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT.encode("utf-8"), 0o644, "." + BASELINE_DROP_IN)
+        safe_fs.write_atomically(fd, BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT.encode("utf-8"), 0o644,
+                                 "." + BASELINE_DROP_IN)
     finally:
         os.close(fd)
 

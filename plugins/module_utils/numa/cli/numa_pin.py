@@ -261,7 +261,7 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
 
     metrics = commands.add_parser("metrics", help="write Prometheus metrics of every deployed instance's locality "
                                                   "and the host's NUMA state (node_exporter textfile)",
-                                      epilog=_epilog("metrics"), formatter_class=text)
+                                  epilog=_epilog("metrics"), formatter_class=text)
     if command == "metrics":  # like cost: its code stays off the exec path
         from .metrics_command import add_arguments as add_metrics_arguments
         add_metrics_arguments(metrics)
