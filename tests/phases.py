@@ -164,7 +164,9 @@ def run(phase: Phase, console: Console) -> None:
             code = _tee(phase.argv, log, console)
     phase.ended = time.monotonic()
     phase.status = "ok" if code == 0 else "FAILED (exit %d)" % code
-    phase.skipped = pytest_skips(phase.log.read_text(errors="replace"))
+    text = phase.log.read_text(errors="replace")
+    phase.status += "".join("; %s" % note for note in phase_notes(text))
+    phase.skipped = pytest_skips(text)
     skips = "" if phase.skipped is None else ", %d skipped" % phase.skipped
     console.say("== %s: %s after %s%s" % (phase.name, phase.status, clock(phase.seconds), skips))
 
@@ -275,6 +277,14 @@ def table(all_phases: List[Phase], origin: float) -> str:
 
 # pytest's closing line, -q or not: "1491 passed, 27 skipped in 366.43s (0:06:06)", "=== 3 failed in 1.2s ===".
 _PYTEST_SUMMARY = re.compile(r"^[=\s]*((?:\d+ [a-z]+)(?:, \d+ [a-z]+)*|no tests ran) in \d+(?:\.\d+)?s\b")
+
+
+_PHASE_NOTE = re.compile(r"^phase note: (.+)$", re.MULTILINE)
+
+
+def phase_notes(log_text: str) -> List[str]:
+    """What a phase's own tool asked the table to say (the matrix: a core it did not run, and why)."""
+    return _PHASE_NOTE.findall(log_text)
 
 
 def pytest_skips(log_text: str) -> Optional[int]:

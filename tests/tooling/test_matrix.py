@@ -85,6 +85,19 @@ def test_a_pyenv_shim_is_never_taken_for_a_python(monkeypatch, tmp_path):
 
 def test_a_core_without_its_python_fails_naming_the_fix(monkeypatch):
     monkeypatch.setattr(matrix, "python_candidates", lambda version: [])
-    with pytest.raises(matrix.MatrixError, match=r"needs Python 3\.12 or 3\.13, and none is installed: install one "
-                                                 r"\(pyenv install 3\.12"):
+    with pytest.raises(matrix.NoPython, match=r"needs Python 3\.12 or 3\.13, and none is installed: install one "
+                                              r"\(pyenv install 3\.12"):
         matrix.find_python(matrix.Core("newest", "2.21.5", ("3.12", "3.13"), ""))
+
+
+def test_a_core_without_its_python_is_not_run_and_the_phase_table_says_so(monkeypatch):
+    import io
+
+    from tests import phases
+
+    monkeypatch.setattr(matrix, "python_candidates", lambda version: [])
+    log = io.StringIO()
+    row = matrix.run_core(matrix.Core("newest", "2.21.5", ("3.12", "3.13"), ""), [], [], log)
+    assert row["result"].startswith("not run: ansible-core 2.21.5 (newest) needs Python 3.12 or 3.13")
+    assert phases.phase_notes(log.getvalue()) == ["newest core 2.21.5 not run: no Python 3.12 or 3.13 here"]
+    assert "matrix: newest: NOT RUN: " in log.getvalue()
