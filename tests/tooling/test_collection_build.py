@@ -20,7 +20,8 @@ import yaml
 from tests.tools import ansible_command, missing
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SHIPPED_DIRS = ("plugins/", "roles/", "playbooks/", "docs/", "meta/", "monitoring/", "inventory/example/")
+SHIPPED_DIRS = ("plugins/", "roles/", "playbooks/", "docs/", "meta/", "monitoring/", "inventory/example/",
+                "inventory/local/")
 SHIPPED_FILES = {"README.md", "LICENSE", "CHANGELOG.md", "changelogs/changelog.yaml", "changelogs/config.yaml"}
 GENERATED = {"MANIFEST.json", "FILES.json"}
 DEV_ONLY = re.compile(r"^(\.|tests/|lab/|molecule/|bench/|build/|changelogs/fragments/|Makefile$|requirements\.txt$|"
