@@ -73,8 +73,13 @@ ansible_facts:
           type: int
           sample: 2
         nodes:
-          description: One entry per node, sorted by id, with cpus, cpulist, has_cpus, has_memory, memory_*_kb,
-            hugepages, distances, packages and gpus.
+          description:
+            - One entry per node, sorted by id, with cpus, cpulist, has_cpus, has_memory, memory_*_kb,
+              hugepages, distances, packages and gpus.
+            - C(kind) (C(cpus_and_memory), C(cpus_only), C(memory_only), C(empty)), C(memory_class) (C(local),
+              C(gpu) for a GPU's own memory, C(far) for other memory-only nodes such as CXL expanders or HBM, null
+              without memory) and C(home_package) (the package of its CPUs, or of the CPU nodes nearest to a
+              memory-only node; null when that is not one package).
           type: list
           elements: dict
           sample: [{"id": 1, "cpus": [40, 41, 120, 121], "cpulist": "40-41,120-121", "has_cpus": true,
@@ -120,11 +125,30 @@ ansible_facts:
           description: total_kb, free_kb and available_kb from /proc/meminfo.
           type: dict
           sample: {"total_kb": 536870912, "free_kb": 398458880, "available_kb": 398458880}
+        shape:
+          description: How the sockets are split into nodes (sub-NUMA clustering on Intel, NPS on AMD) - packages,
+            cpu_nodes_per_package (null when packages differ), sub_numa (a package with more than one CPU node) and
+            the memory_only_nodes.
+          type: dict
+          sample: {"packages": 2, "cpu_nodes_per_package": 3, "sub_numa": true, "memory_only_nodes": [6]}
+        memory_tiers:
+          description: The kernel's memory tiers (Linux 6.1+), each with its id (lower is faster) and nodes; empty
+            without them.
+          type: list
+          elements: dict
+          sample: [{"id": 4, "nodes": [0, 1]}, {"id": 22, "nodes": [2]}]
         kernel:
-          description: numa_balancing, zone_reclaim_mode, transparent_hugepage, weighted_interleave (null when absent).
+          description:
+            - numa_balancing, zone_reclaim_mode, transparent_hugepage, weighted_interleave (null when absent).
+            - features, what the kernel offers memory placement - release, weighted_interleave (Linux 6.9+),
+              weighted_interleave_auto (the weights computed from HMAT; null when the kernel has no such switch),
+              memory_tiering, demotion_enabled, balancing_tiering_mode (balancing mode 2, Linux 5.18+).
           type: dict
           sample: {"numa_balancing": 1, "zone_reclaim_mode": 0, "transparent_hugepage": "madvise",
-                   "weighted_interleave": null}
+                   "weighted_interleave": null,
+                   "features": {"release": "6.1.0-41-amd64", "weighted_interleave": false,
+                                "weighted_interleave_auto": null, "memory_tiering": true, "demotion_enabled": false,
+                                "balancing_tiering_mode": true}}
         warnings:
           description: What could not be read, one line each.
           type: list

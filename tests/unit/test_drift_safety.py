@@ -18,7 +18,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import me
 
 from tests.unit.test_audit import PAGE
 from tests.unit.test_metrics import (BIND1, host, machine_root, snapshot_of,  # noqa: F401 (fixtures)
-                                     trusted_dir, write_json)
+                                     write_json)
 
 TRAPPED = "llama@1.service"  # the host fixture's drifting instance, on_drift restart
 REAL_COLLECT = metrics.collect

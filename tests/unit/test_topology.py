@@ -198,8 +198,10 @@ def test_kernel_knobs_and_absent_ones(tmp_path):
     machine.put("sys/kernel/mm/mempolicy/weighted_interleave/node0", "3")
     machine.put("sys/kernel/mm/mempolicy/weighted_interleave/node1", "1")
     facts = read(machine.write(str(tmp_path / "a")))
+    features = facts["kernel"].pop("features")
     assert facts["kernel"] == {"numa_balancing": 1, "zone_reclaim_mode": 0, "transparent_hugepage": "madvise",
                                "weighted_interleave": {"0": 3, "1": 1}}
+    assert features["weighted_interleave"] is True and features["memory_tiering"] is False
     bare = read(sysfs.vm_without_nodes().write(str(tmp_path / "b")))
     assert bare["kernel"]["weighted_interleave"] is None
     os.remove(str(tmp_path / "b/proc/sys/kernel/numa_balancing"))
@@ -387,3 +389,51 @@ def test_hmat_wins_over_slit(tmp_path):
     machine.put("sys/devices/system/node/node3/distance", "12 24 21 10")
     facts = read(machine.write(str(tmp_path)))
     assert node(facts, 0)["memory_nodes"] == [2] and node(facts, 0)["memory_from"] == "hmat"
+
+
+
+# --- topology classes: node kinds, the sockets' split, memory tiers, the kernel's memory features ----------
+
+def test_each_node_says_what_it_holds_and_whose_memory_it_is(tmp_path):
+    gpu = build(tmp_path / "g", "grace_like")
+    assert [(n["id"], n["kind"], n["memory_class"]) for n in gpu["nodes"]] == [
+        (0, "cpus_and_memory", "local"), (1, "memory_only", "gpu"), (2, "memory_only", "far")]
+    gh200 = build(tmp_path / "h", "gh200_like")
+    assert [(n["kind"], n["memory_class"], n["home_package"]) for n in gh200["nodes"]] == [
+        ("cpus_and_memory", "local", 0), ("memory_only", "gpu", 0), ("empty", None, 0), ("empty", None, 0)]
+    cxl = build(tmp_path / "c", "cxl_memory_node")
+    assert [(n["id"], n["kind"], n["memory_class"], n["home_package"]) for n in cxl["nodes"]] == [
+        (0, "cpus_and_memory", "local", 0), (1, "cpus_and_memory", "local", 1), (8, "memory_only", "far", 0)]
+    assert cxl["shape"] == {"packages": 2, "cpu_nodes_per_package": 1, "sub_numa": False, "memory_only_nodes": [8]}
+
+
+def test_a_socket_split_into_nodes_is_a_sub_numa_shape(tmp_path):
+    facts = build(tmp_path, "amd_nps4")
+    assert facts["shape"] == {"packages": 2, "cpu_nodes_per_package": 4, "sub_numa": True, "memory_only_nodes": []}
+    assert [node["home_package"] for node in facts["nodes"]] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_memory_tiers_and_the_kernels_memory_features(tmp_path):
+    machine = sysfs.cxl_memory_node()
+    machine.put("sys/devices/virtual/memory_tiering/memory_tier4/nodelist", "0-1\n")
+    machine.put("sys/devices/virtual/memory_tiering/memory_tier22/nodelist", "8\n")
+    machine.put("sys/kernel/mm/mempolicy/weighted_interleave/node0", "1")
+    machine.put("sys/kernel/mm/mempolicy/weighted_interleave/auto", "true\n")
+    machine.put("sys/kernel/mm/numa/demotion_enabled", "false\n")
+    machine.put("proc/sys/kernel/osrelease", "6.12.43+deb13-amd64\n")
+    facts = read(machine.write(str(tmp_path)))
+    assert facts["memory_tiers"] == [{"id": 4, "nodes": [0, 1]}, {"id": 22, "nodes": [8]}]
+    assert facts["kernel"]["features"] == {
+        "release": "6.12.43+deb13-amd64", "weighted_interleave": True, "weighted_interleave_auto": True,
+        "memory_tiering": True, "demotion_enabled": False, "balancing_tiering_mode": True}
+
+
+@pytest.mark.parametrize("release, wanted", [("5.15.0-91-generic", False), ("5.18.1", True), ("4.19", False),
+                                             ("garbage", None), (None, None)])
+def test_balancing_mode_2_needs_linux_5_18(tmp_path, release, wanted):
+    machine = sysfs.vm_without_nodes()
+    if release is not None:
+        machine.put("proc/sys/kernel/osrelease", release + "\n")
+    features = read(machine.write(str(tmp_path)))["kernel"]["features"]
+    assert features["balancing_tiering_mode"] is wanted and features["weighted_interleave"] is False
+    assert features["demotion_enabled"] is None and features["weighted_interleave_auto"] is None

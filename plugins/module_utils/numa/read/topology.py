@@ -64,6 +64,11 @@ _MAX_DISTANCE = 255
 _MAX_MOUNTS_BYTES = 16 * MAX_FILE_BYTES
 _STATUS = "proc/self/status"
 _THP_ENABLED = "sys/kernel/mm/transparent_hugepage/enabled"
+_WEIGHTS_DIR = "sys/kernel/mm/mempolicy/weighted_interleave"
+MEMORY_TIERING_DIR = "sys/devices/virtual/memory_tiering"
+# A node's kind, by (has CPUs, has memory).
+KINDS = {(True, True): "cpus_and_memory", (True, False): "cpus_only", (False, True): "memory_only",
+         (False, False): "empty"}
 
 
 class _Reader:
@@ -178,6 +183,7 @@ def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
         node["gpus"] = [gpu["address"] for gpu in pci["gpus"] if gpu["numa_node"] == node["id"]]
         node["gpu_memory_of"] = [gpu["address"] for gpu in pci["gpus"] if gpu["memory_node"] == node["id"]]
     _attach_memory_nodes(reader, nodes)
+    _attach_kinds(nodes)
     cpus["packages"] = _packages(cpus["_package_of"], nodes)
     for private in ("_online", "_package_of"):
         del cpus[private]
@@ -197,6 +203,8 @@ def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
             "free_kb": system_meminfo.get("MemFree"),
             "available_kb": system_meminfo.get("MemAvailable"),
         },
+        "shape": _shape(nodes, cpus["packages"]),
+        "memory_tiers": [] if reader.plan_only else _read_memory_tiers(reader),
         "kernel": _read_kernel_knobs(reader),
         "warnings": reader.warnings,
     }
@@ -660,6 +668,50 @@ def _read_hugepages(reader: _Reader, rel: str) -> Dict[str, Dict[str, Optional[i
     return pools
 
 
+def _attach_kinds(nodes: List[Dict[str, Any]]) -> None:
+    """Each node's ``kind`` (what it holds), ``memory_class`` (whose memory it is) and ``home_package``.
+
+    A node without CPUs but with memory is a memory-only node: a GPU's own memory (it names the GPU in
+    ``gpu_memory_of``, or the GPU sits on it, as coherent GPU memory is onlined) or far memory (CXL expanders, HBM or PMEM onlined as a node). Its home package is
+    that of the CPU nodes nearest to it (SLIT), when they all sit in one package; a node with CPUs in one
+    package has that one; otherwise None.
+    """
+    package_of_node = {node["id"]: node["packages"][0] for node in nodes if len(node["packages"]) == 1}
+    with_cpus = [node["id"] for node in nodes if node["has_cpus"]]
+    for node in nodes:
+        node["kind"] = KINDS[(node["has_cpus"], node["has_memory"])]
+        node["memory_class"] = (None if not node["has_memory"] else "local" if node["has_cpus"]
+                                else "gpu" if node["gpu_memory_of"] or node["gpus"] else "far")
+        if node["has_cpus"]:
+            node["home_package"] = package_of_node.get(node["id"])
+            continue
+        homes = {package_of_node.get(nearest) for nearest in _nearest(node["distances"], with_cpus)}
+        node["home_package"] = homes.pop() if len(homes) == 1 else None
+
+
+def _shape(nodes: List[Dict[str, Any]], packages: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """How the sockets are split: CPU nodes per package (SNC on Intel, NPS on AMD: more than one is a
+    sub-NUMA split), and the memory-only nodes beside them."""
+    with_cpus = {node["id"] for node in nodes if node["has_cpus"]}
+    counts = sorted({len([n for n in package["nodes"] if n in with_cpus]) for package in packages})
+    per_package = counts[0] if len(counts) == 1 else None
+    return {"packages": len(packages), "cpu_nodes_per_package": per_package,
+            "sub_numa": any(count > 1 for count in counts),
+            "memory_only_nodes": [node["id"] for node in nodes if node["kind"] == "memory_only"]}
+
+
+def _read_memory_tiers(reader: _Reader) -> List[Dict[str, Any]]:
+    """The kernel's memory tiers (Linux 6.1+, ``memory_tierN/nodelist``): a lower id is a faster tier."""
+    if not reader.exists(MEMORY_TIERING_DIR):
+        return []
+    tiers = []
+    for tier in numbered(reader.listdir(MEMORY_TIERING_DIR), "memory_tier"):
+        nodes = reader.nodes("%s/memory_tier%d/nodelist" % (MEMORY_TIERING_DIR, tier))
+        if nodes is not None:
+            tiers.append({"id": tier, "nodes": nodes})
+    return tiers
+
+
 def _attach_packages(nodes: List[Dict[str, Any]], package_of: Dict[int, int]) -> None:
     for node in nodes:
         node["packages"] = sorted({package_of[cpu] for cpu in node["cpus"] if cpu in package_of})
@@ -836,7 +888,40 @@ def _read_kernel_knobs(reader: _Reader) -> Dict[str, Any]:
         "zone_reclaim_mode": reader.integer("proc/sys/vm/zone_reclaim_mode", required=False),
         "transparent_hugepage": _thp_mode(reader),
         "weighted_interleave": _read_interleave_weights(reader),
+        "features": _read_features(reader),
     }
+
+
+def _read_features(reader: _Reader) -> Dict[str, Any]:
+    """What the kernel offers memory placement: weighted interleave (6.9) and its ``auto`` weights (from
+    HMAT, 6.16), memory tiers (6.1), demotion of cold pages to a slower tier, and balancing mode 2, which
+    promotes hot pages between tiers without balancing across sockets (5.18)."""
+    release = reader.text("proc/sys/kernel/osrelease", required=False)
+    version = _release_version(release)
+    return {
+        "release": release.strip() if release else None,
+        "weighted_interleave": reader.exists(_WEIGHTS_DIR),
+        "weighted_interleave_auto": _boolean_file(reader, _WEIGHTS_DIR + "/auto"),
+        "memory_tiering": reader.exists(MEMORY_TIERING_DIR),
+        "demotion_enabled": _boolean_file(reader, "sys/kernel/mm/numa/demotion_enabled"),
+        "balancing_tiering_mode": None if version is None else version >= (5, 18),
+    }
+
+
+def _release_version(release: Optional[str]) -> Optional[Tuple[int, int]]:
+    """(major, minor) of a kernel release such as "6.12.43+deb13-amd64"; None when it does not start so."""
+    parts = (release or "").strip().split(".")
+    if len(parts) < 2 or not parts[0].isdigit():
+        return None
+    minor = _leading_digits(parts[1])
+    return (int(parts[0]), int(minor)) if minor else None
+
+
+def _boolean_file(reader: _Reader, rel: str) -> Optional[bool]:
+    """A sysfs boolean ("true"/"false", "1"/"0", "Y"/"N"); None when absent or anything else."""
+    text = reader.text(rel, required=False)
+    word = (text or "").strip().lower()
+    return True if word in ("true", "1", "y") else False if word in ("false", "0", "n") else None
 
 
 def _thp_mode(reader: _Reader) -> Optional[str]:
@@ -865,7 +950,7 @@ def _marked_choice(text: str) -> Optional[str]:
 
 
 def _read_interleave_weights(reader: _Reader) -> Optional[Dict[str, int]]:
-    base = "sys/kernel/mm/mempolicy/weighted_interleave"
+    base = _WEIGHTS_DIR
     if not reader.exists(base):
         return None
     weights = {}
