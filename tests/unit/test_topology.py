@@ -391,7 +391,6 @@ def test_hmat_wins_over_slit(tmp_path):
     assert node(facts, 0)["memory_nodes"] == [2] and node(facts, 0)["memory_from"] == "hmat"
 
 
-
 # --- topology classes: node kinds, the sockets' split, memory tiers, the kernel's memory features ----------
 
 def test_each_node_says_what_it_holds_and_whose_memory_it_is(tmp_path):

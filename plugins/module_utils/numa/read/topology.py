@@ -672,9 +672,9 @@ def _attach_kinds(nodes: List[Dict[str, Any]]) -> None:
     """Each node's ``kind`` (what it holds), ``memory_class`` (whose memory it is) and ``home_package``.
 
     A node without CPUs but with memory is a memory-only node: a GPU's own memory (it names the GPU in
-    ``gpu_memory_of``, or the GPU sits on it, as coherent GPU memory is onlined) or far memory (CXL expanders, HBM or PMEM onlined as a node). Its home package is
-    that of the CPU nodes nearest to it (SLIT), when they all sit in one package; a node with CPUs in one
-    package has that one; otherwise None.
+    ``gpu_memory_of``, or the GPU sits on it, as coherent GPU memory is onlined) or far memory (CXL
+    expanders, HBM or PMEM onlined as a node). Its home package is that of the CPU nodes nearest to it
+    (SLIT), when they all sit in one package; a node with CPUs in one package has that one; else None.
     """
     package_of_node = {node["id"]: node["packages"][0] for node in nodes if len(node["packages"]) == 1}
     with_cpus = [node["id"] for node in nodes if node["has_cpus"]]
