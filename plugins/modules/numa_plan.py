@@ -293,8 +293,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.request import argument_spec, build_request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import REJECTED_SUFFIX
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import plan_record, record_is_current
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import REJECTED_SUFFIX, plan_record, record_is_current
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 # The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above

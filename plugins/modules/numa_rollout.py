@@ -226,6 +226,9 @@ def _gate(entry: dict) -> Optional[Gate]:
     return Gate("http://127.0.0.1:%d" % entry["port"], api, gate["prompt"], gate["max_tokens"], gate["rounds"],
                 gate["min_gain_percent"])
 
+# Not a file: the diff of what systemd was (or would be) asked to do, so its header names no path.
+ROLLOUT_DIFF_HEADER = "systemd units, started or restarted"
+
 
 def main() -> None:
     module = AnsibleModule(
@@ -245,7 +248,7 @@ def main() -> None:
                                                  if entry["ab_gate"]}}
     if module._diff and result["instances"]:
         # With --diff, what was (or in check mode would be) started and restarted, one line each.
-        result["diff"] = {"before_header": "instances", "after_header": "instances", "before": "",
+        result["diff"] = {"before_header": ROLLOUT_DIFF_HEADER, "after_header": ROLLOUT_DIFF_HEADER, "before": "",
                           "after": "".join("%s\n" % entry["msg"] for entry in result["instances"])}
     if result.pop("failed"):
         module.fail_json(**result)

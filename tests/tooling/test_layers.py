@@ -79,7 +79,7 @@ def test_numa_plan_ships_only_what_it_uses():
     # system/kernel: the reader's openat2 under a root (numa_plan's root option)
     layers = {"%s/__init__" % layer for layer in ("act", "base", "decide", "inputs", "read", "system")}
     assert shipped == layers | {"__init__", "act/unit_text", "base/cpulist", "base/engines", "base/errors",
-                                "base/gpu_vendors", "base/sizes", "decide/placement", "inputs/request",
+                                "base/gpu_vendors", "base/sizes", "base/tokens", "decide/placement", "inputs/request",
                                 "read/kernel_files", "read/topology", "system/kernel"}
 
 

@@ -36,14 +36,13 @@ from urllib.parse import urlsplit
 from .ab_gate import Gate, judge, measure
 from ..base.errors import NumaError
 from ..system import safe_fs
-from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
+from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT, REJECTED_SUFFIX
 from ..read.audit import UnitAudit, audit_units
 from ..read.systemctl import CommandRunner, show_units
 
 POLL_SECONDS = 2.0
 PROBE_TIMEOUT_SECONDS = 2.0
 PREVIOUS_SUFFIX = ".previous"
-REJECTED_SUFFIX = ".rejected"
 RUNTIME_UNIT_DIR = "run/systemd/system"
 DONE = {"start": "started", "restart": "restarted"}
 

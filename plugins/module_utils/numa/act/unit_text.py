@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError
+from ..base.tokens import BASELINE_ENV, OWN_ENV_PREFIX
 from ..inputs.request import OPTIONS, Option, check_names
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
@@ -39,13 +40,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _JOINS_NEXT_LINE = re.compile(r"(?<!\\)(\\\\)*\\$")
 _SETTING_NAME = re.compile(r"^[A-Z][A-Za-z0-9]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-# numa-pin's own environment, which a service's environment may not set.
-OWN_ENV_PREFIX = "INFEROPS_NUMA_"
-# =unbound: numa-pin exec leaves the affinity and memory policy at the Linux default, for the A/B gate's baseline.
-BASELINE_ENV = OWN_ENV_PREFIX + "AB_BASELINE"
 # The runtime drop-in of that baseline: numa-pin reads its Environment=, systemd itself (pin_mode systemd) the
 # resets of its own placement.
 BASELINE_DROP_IN = "90-inferops-numa-ab-baseline.conf"
+# Kept beside a plan record or unit the A/B gate rolled back: the role does not try that change again.
+REJECTED_SUFFIX = ".rejected"
 BASELINE_DROP_IN_TEXT = ("# inferops.numa A/B gate: this instance's unbound baseline, removed once measured\n"
                          "[Service]\nEnvironment=%s=unbound\nCPUAffinity=\nNUMAPolicy=default\nNUMAMask=\n"
                          % BASELINE_ENV)

@@ -1,7 +1,8 @@
 """The server's command from a plan: ``{threads}``-style tokens filled, the engine's arguments added.
 
 numa-pin does it at every start (wrapper mode), the inference_service role
-at deploy time (systemd mode); both call server_command.
+at deploy time (systemd mode); both call server_command. The names of numa-pin's own
+environment, which the role's units set and numa-pin reads, live here too.
 """
 from __future__ import annotations
 
@@ -12,6 +13,10 @@ if TYPE_CHECKING:
     from typing import Any, List, Mapping, Sequence, Tuple
 
 TOKENS = ("threads", "node", "cpulist", "instance", "port")
+# numa-pin's own environment, which a service's environment may not set.
+OWN_ENV_PREFIX = "INFEROPS_NUMA_"
+# =unbound: numa-pin exec leaves the affinity and memory policy at the Linux default, for the A/B gate's baseline.
+BASELINE_ENV = OWN_ENV_PREFIX + "AB_BASELINE"
 
 
 def server_command(argv: Sequence[str], plan: Mapping[str, Any]) -> Tuple[List[str], List[str]]:

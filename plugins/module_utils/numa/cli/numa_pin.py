@@ -449,7 +449,7 @@ def _server_command(server_argv: List[str], placement: Plan) -> Tuple[List[str],
 def _apply_unless_baseline(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:
     """_apply, except for the A/B gate's unbound baseline (its runtime drop-in sets BASELINE_ENV=unbound for one
     start, then is removed): the plan's threads and port, at the Linux default affinity and memory policy."""
-    from ..act.unit_text import BASELINE_ENV
+    from ..base.tokens import BASELINE_ENV
 
     if os.environ.pop(BASELINE_ENV, None) != "unbound":
         return _apply(placement, topology, best_effort)
