@@ -226,6 +226,7 @@ def _gate(entry: dict) -> Optional[Gate]:
     return Gate("http://127.0.0.1:%d" % entry["port"], api, gate["prompt"], gate["max_tokens"], gate["rounds"],
                 gate["min_gain_percent"])
 
+
 # Not a file: the diff of what systemd was (or would be) asked to do, so its header names no path.
 ROLLOUT_DIFF_HEADER = "systemd units, started or restarted"
 
