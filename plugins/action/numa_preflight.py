@@ -8,11 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shlex
 from typing import Any, Dict, List, Optional
-
-import yaml
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -24,7 +21,7 @@ PREFIXES = ("numa_host_", "inference_service_")
 # The names the site playbook and the roles register the result under: a later preflight of the same run with
 # the same inputs finds one and skips the host's checks.
 REGISTERED = ("numa_preflight", "_numa_host_preflight", "_inference_service_preflight")
-# Facts the roles' tasks set under their prefix (inference_service/tasks/entries.yml).
+# Facts the roles' tasks set under their prefix (inference_service/tasks/main.yml).
 ROLE_FACTS = ("inference_service_entries",)
 
 
@@ -109,8 +106,5 @@ def _role_own_vars() -> List[str]:
     names = list(_option_names()) + list(ROLE_FACTS)
     for role in preflight.ROLES:
         for kind in ("defaults", "vars"):
-            path = os.path.join(preflight.COLLECTION, "roles", role, kind, "main.yml")
-            if os.path.isfile(path):
-                with open(path) as handle:
-                    names += list(yaml.safe_load(handle) or {})
+            names += list(preflight.role_file(role, kind, "main.yml") or {})
     return names

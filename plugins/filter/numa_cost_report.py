@@ -13,10 +13,11 @@ from typing import Any, Dict, Sequence
 
 from ansible.utils.unsafe_proxy import wrap_var
 
-from ansible_collections.inferops.numa.plugins.plugin_utils import cost_report
-
 
 def numa_cost_report(hostvars: Any, hosts: Sequence[str], var: str = "numa_cost_result") -> Dict[str, Any]:
+    # Imported here: Ansible imports every filter file of the collection, on every host, to find any one filter.
+    from ansible_collections.inferops.numa.plugins.plugin_utils import cost_report
+
     return wrap_var(cost_report.numa_cost_report(hostvars, hosts, var))
 
 

@@ -15,14 +15,17 @@ from typing import Any, Dict, Sequence
 from ansible.errors import AnsibleFilterError
 from ansible.utils.unsafe_proxy import wrap_var
 
-from ansible_collections.inferops.numa.plugins.plugin_utils import fleet_report
-
 
 def numa_fleet_report(hostvars: Any, hosts: Sequence[str], var: str = "fleet_report_result") -> Dict[str, Any]:
+    # Imported here: Ansible imports every filter file of the collection, on every host, to find any one filter.
+    from ansible_collections.inferops.numa.plugins.plugin_utils import fleet_report
+
     return wrap_var(fleet_report.numa_fleet_report(hostvars, hosts, var))
 
 
 def numa_fleet_report_dir(given: Any = None) -> str:
+    from ansible_collections.inferops.numa.plugins.plugin_utils import fleet_report
+
     try:
         return fleet_report.report_dir(given)
     except fleet_report.ReportError as exc:

@@ -2,28 +2,28 @@
 # Copyright: inferops.numa contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters that write values into systemd units safely, map a Plan to unit settings, and hand a
-placement request to numa-pin (flags) or numa_plan (arguments), and build a service's requests.
+placement request to numa-pin (flags) or numa_plan (arguments), merge the services' defaults and build a
+service's requests.
 
 Thin: the rules live in ``module_utils/numa/act/unit_text.py``, ``inputs/request.py`` and
-``inputs/service_entry.py`` (tested there); these wrappers only turn their NumaError into
+``inputs/service_entry.py`` and ``plugin_utils/preflight.py`` (tested there); these wrappers only turn their NumaError into
 AnsibleFilterError so a bad variable fails the task with the message that names the fix.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 from ansible.errors import AnsibleFilterError
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import conflicting_flags
-from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.service_entry import service_requests
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
+
+PACKAGE = "ansible_collections.inferops.numa.plugins.module_utils.numa."
 
 
 def _filter(func):
+    """func as a filter: its NumaError an AnsibleFilterError, so the task fails with the message that names the fix."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         try:
@@ -33,7 +33,33 @@ def _filter(func):
     return wrapper
 
 
+class _Rule:
+    """The function ``name`` of the package's ``module`` as a filter, imported at its first call: to find any one
+    filter, Ansible imports every filter file of the collection, on every host and task. ``__wrapped__`` is the
+    function itself, so inspect.signature (and ansible-doc's checks) see its real parameters."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.__name__ = module, name
+
+    @property
+    def __wrapped__(self):
+        return getattr(importlib.import_module(PACKAGE + self.module), self.__name__)
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.__wrapped__(*args, **kwargs)
+        except NumaError as exc:
+            raise AnsibleFilterError(str(exc)) from None
+
+
+def _rule(module, name):
+    return _Rule(module, name)
+
+
 def _server_command(argv, plan):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import conflicting_flags
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
+
     engine = (plan.get("engine") or {}).get("engine", "generic")
     conflicts = conflicting_flags(engine, argv)
     if conflicts:
@@ -42,7 +68,19 @@ def _server_command(argv, plan):
     return server_command(argv, plan)[0]
 
 
+def _service_entries(entries, defaults=None):
+    # The preflight's own merge and conversion: the role deploys, and the fleet report plans, what it checked.
+    from ansible_collections.inferops.numa.plugins.plugin_utils import preflight
+
+    merged, problems = preflight.check_entries(entries, {} if defaults is None else defaults)
+    if problems:
+        raise NumaError("%d problem(s) in the services: %s" % (len(problems), "; ".join(problems)))
+    return merged
+
+
 def _settings(plan, systemd_version):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+
     return [list(pair) for pair in unit_text.numa_settings(plan, int(systemd_version))]
 
 
@@ -51,21 +89,22 @@ class FilterModule:
 
     def filters(self):
         return {
-            "systemd_exec": _filter(unit_text.exec_line),
-            "systemd_args": _filter(unit_text.exec_args),
-            "systemd_command_args": _filter(unit_text.command_args),
-            "systemd_value": _filter(unit_text.setting_value),
-            "systemd_account": _filter(unit_text.account_name),
-            "systemd_extra_value": _filter(unit_text.extra_setting_value),
-            "systemd_path": _filter(unit_text.path_value),
-            "systemd_environment": _filter(unit_text.environment_lines),
-            "systemd_setting_name": _filter(unit_text.setting_name),
-            "systemd_unit_prefix": _filter(unit_text.unit_prefix),
-            "systemd_version": _filter(unit_text.parse_systemd_version),
-            "numa_pin_flags": _filter(unit_text.request_flags),
-            "numa_plan_args": _filter(request.module_args),
-            "numa_service_requests": service_requests,
+            "systemd_exec": _rule("act.unit_text", "exec_line"),
+            "systemd_args": _rule("act.unit_text", "exec_args"),
+            "systemd_command_args": _rule("act.unit_text", "command_args"),
+            "systemd_value": _rule("act.unit_text", "setting_value"),
+            "systemd_account": _rule("act.unit_text", "account_name"),
+            "systemd_extra_value": _rule("act.unit_text", "extra_setting_value"),
+            "systemd_path": _rule("act.unit_text", "path_value"),
+            "systemd_environment": _rule("act.unit_text", "environment_lines"),
+            "systemd_setting_name": _rule("act.unit_text", "setting_name"),
+            "systemd_unit_prefix": _rule("act.unit_text", "unit_prefix"),
+            "systemd_version": _rule("act.unit_text", "parse_systemd_version"),
+            "numa_pin_flags": _rule("act.unit_text", "request_flags"),
+            "numa_plan_args": _rule("inputs.request", "module_args"),
+            "numa_plan_record": _rule("act.unit_text", "plan_record"),
+            "numa_service_requests": _rule("inputs.service_entry", "service_requests"),
+            "numa_service_entries": _filter(_service_entries),
             "numa_server_command": _filter(_server_command),
-            "numa_plan_record": _filter(unit_text.plan_record),
             "numa_systemd_settings": _filter(_settings),
         }

@@ -33,8 +33,8 @@ options:
   services:
     description:
       - Entries of C(inference_service_list) to plan here (C(name), C(layout), C(model) or C(model_size),
-        C(gpus), C(policy), ...), their defaults merged as the role merges them (C(fleet_report.yml) runs the
-        role's C(tasks/entries.yml) for that); other keys are ignored.
+        C(gpus), C(policy), ...), their defaults merged as the role merges them (C(fleet_report.yml) passes them
+        through the P(inferops.numa.numa_service_entries#filter) filter for that); other keys are ignored.
     type: list
     elements: dict
     default: []

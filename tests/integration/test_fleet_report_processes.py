@@ -63,9 +63,12 @@ RECIPES = ("dual_socket_gpus", "amd_nps4", "grace_like", "cxl_memory_node", "vm_
            "dgx_like", "gh200_like", "memoryless_cpu_nodes")
 
 
-EVERY_LAYOUT = [{"name": "llama", "layout": "per_node", "model_size": "1G", "port_base": 8080},
-                {"name": "vllm", "layout": "per_gpu", "model_size": "1G"},
-                {"name": "big", "layout": "single", "model_size": "1G", "gpus": "auto"}]
+# Each entry as the role would deploy it (the report plans with the role's own checked merge, which needs a command).
+EVERY_LAYOUT = [{"name": "llama", "command": ["/usr/bin/llama-server"], "layout": "per_node", "model_size": "1G",
+                 "port_base": 8080},
+                {"name": "vllm", "command": ["/usr/bin/vllm", "serve"], "layout": "per_gpu", "model_size": "1G"},
+                {"name": "big", "command": ["/usr/bin/llama-server"], "layout": "single", "model_size": "1G",
+                 "gpus": "auto"}]
 
 
 def gpu_addresses(root):

@@ -154,7 +154,8 @@ def test_the_fleet_report_treats_every_byte_a_host_returns_as_data(tmp_path, mar
     hosts = fake_hosts(str(tmp_path), printed)
     hosts["captured"] = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                          "numa_root": hostile_machine(str(tmp_path / "machine"), marker),
-                         "inference_service_list": [{"name": "llama", "layout": "per_gpu", "model_size": "1G"}]}
+                         "inference_service_list": [{"name": "llama", "command": ["/usr/bin/llama-server"], "layout": "per_gpu",
+                                                     "model_size": "1G"}]}
     output = run_playbook(tmp_path, "fleet_report.yml", hosts, ["-e", "fleet_report_dir=report"])
     assert "EVALUATED" not in output.replace(marker, "")
     markdown = (tmp_path / "report" / "numa_fleet_report.md").read_text()

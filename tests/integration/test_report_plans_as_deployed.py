@@ -1,6 +1,6 @@
 """The fleet report plans a service exactly as the inference_service role deploys it, inventory defaults
 included: one ansible-playbook run plans the same services on one captured host with the role's own tasks
-(tasks/entries.yml, then the planning tasks of tasks/service.yml) and with fleet_report.yml's own tasks (read
+(the merge of tasks/main.yml, then the planning tasks of tasks/service.yml) and with fleet_report.yml's own tasks (read
 from the playbook); every instance's placement must agree."""
 
 import os
@@ -13,9 +13,18 @@ from tests.integration.role_planning import REPO, planning_tasks, run_playbook
 FLEET_REPORT = os.path.join(REPO, "playbooks", "fleet_report.yml")
 COMPARED = ("policy", "mem_nodes", "cpulist", "threads", "gpus", "port")
 
+ROLE_TASKS = os.path.join(REPO, "roles", "inference_service", "tasks", "main.yml")
+
+
+def _role_merge_task():
+    """The role's own task that merges each service's defaults (tasks/main.yml)."""
+    with open(ROLE_TASKS) as handle:
+        (task,) = [task for task in yaml.safe_load(handle) if task["name"] == "Merge the defaults of every service"]
+    return task
+
+
 TASKS = [
-    {"name": "Merge the defaults as the role and fleet_report.yml do", "ansible.builtin.include_role": {
-        "name": "inferops.numa.inference_service", "tasks_from": "entries"}},
+    _role_merge_task(),
     {"name": "Plan every service with the role's own tasks", "ansible.builtin.include_tasks": "service.yml",
      "loop": "{{ inference_service_entries }}", "loop_control": {"loop_var": "_inference_service_cfg"}},
     {"name": "Plan them as fleet_report.yml does", "ansible.builtin.include_tasks": "fleet_report_tasks.yml"},
@@ -24,11 +33,11 @@ TASKS = [
 ]
 
 DEFAULTS = {"layout": "per_node", "smt": False, "memory_headroom": "0", "reserve_cpus": "0", "port_base": 8000}
-SERVICES = [
+SERVICES = [dict(service, command=["/usr/bin/server"]) for service in [
     {"name": "llama", "model_size": "1G"},
     {"name": "vllm", "layout": "per_gpu", "model_size": "2G", "smt": True},
     {"name": "big", "layout": "single", "policy": "interleave", "port_base": 9000},
-]
+]]
 
 
 def _fleet_report_host_tasks():

@@ -20,17 +20,19 @@ TASKS = [
      "loop_control": {"loop_var": "_case"}},
     {"name": "Note what the role asked and numa_plan answered, and the entry defaults the role read",
      "ansible.builtin.set_fact": {
-         "kept": "{{ {'planned': planned, 'entry_defaults': inference_service_entry_defaults} }}"}},
+         "kept": "{{ {'planned': planned, 'entry_defaults': [PROBE] | inferops.numa.numa_service_entries | first} }}"}},
 ]
 # Each case resolved as tasks/main.yml resolves an entry, then the role's own planning tasks.
 RESOLVE = {"name": "Resolve the entry", "ansible.builtin.set_fact": {
-    "_inference_service_cfg": "{{ inference_service_entry_defaults | combine(_case) }}"}}
+    "_inference_service_cfg": "{{ [_case] | inferops.numa.numa_service_entries | first }}"}}
+# An entry of only the keys it must give: the merge gives it every other key's default.
+PROBE = {"name": "probe", "command": ["/usr/bin/server"]}
 
 
 @pytest.fixture(scope="module")
 def role_plans(tmp_path_factory):
     """[(entry, the role's request, [numa_plan's plan per instance])] from one ansible-playbook run, the root, and
-    the role's entry defaults (vars/main.yml) as Ansible evaluated them."""
+    PROBE with the role's entry defaults merged, as the role merges them."""
     work = tmp_path_factory.mktemp("role_plans")
     root = sysfs.dual_socket_gpus().write(str(work / "root"))
     model = work / "model.gguf"
@@ -44,7 +46,8 @@ def role_plans(tmp_path_factory):
         {"name": "pinned", "node": 1, "gpus": "none", "page_cache": "replicate", "replica_dir": "/srv/replicas",
          "model": str(model)},
     ]
-    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, role_path=ROLE,
+    cases = [dict(case, command=PROBE["command"]) for case in cases]
+    variables = dict(_role_yaml("vars", "main.yml"), cases=cases, root=root, role_path=ROLE, PROBE=PROBE,
                      inference_service_defaults={}, inference_service_plan_dir=str(work / "plans"))
     written, output = run_playbook(work, TASKS, {"case.yml": [RESOLVE] + planning_tasks("planned")}, variables)
     assert "[WARNING]" not in output, output
@@ -67,11 +70,11 @@ def test_the_role_plans_each_instance_as_numa_pin_will_from_the_units_flags(role
 
 
 def test_role_entries_get_the_argument_specs_defaults_and_leave_request_defaults_to_the_planner(role_plans):
-    """vars/main.yml reads the entry defaults from meta/argument_specs.yml, the one place they are written."""
+    """The merge reads the entry defaults from meta/argument_specs.yml, the one place they are written."""
     spec = _role_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]["inference_service_list"]
     written = {name: option.get("default") for name, option in spec["options"].items() if not option.get("required")}
     defaults = role_plans[2]
-    assert defaults == written
+    assert defaults == dict(written, **PROBE)
     assert defaults["layout"] == "single" and defaults["min_local_percent"] == 99
     names = _role_request_names()
     assert {name: defaults.get(name, "missing") for name in names} == dict.fromkeys(names)

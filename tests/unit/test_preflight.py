@@ -56,6 +56,21 @@ def test_entries_come_back_merged_and_converted():
     assert entry["pin_mode"] == "wrapper" and entry["gpus"] is None
 
 
+def test_the_role_and_the_fleet_report_merge_with_the_preflights_own_check():
+    """Their filter, numa_service_entries: the preflight's merge, and one error naming every problem."""
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
+
+    merge = FilterModule().filters()["numa_service_entries"]
+    assert merge([dict(SERVICE, port_base="8080")], {"smt": "false"}) == preflight.check_entries(
+        [dict(SERVICE, port_base="8080")], {"smt": "false"})[0]
+    assert merge([SERVICE])[0]["layout"] == "per_node" and merge([SERVICE])[0]["pin_mode"] == "wrapper"
+    with pytest.raises(AnsibleFilterError) as refused:
+        merge([dict(SERVICE, page_cahce="evict"), {"name": "b"}], {})
+    assert str(refused.value).startswith("2 problem(s) in the services: service llama: page_cahce: no such key; "
+                                         "did you mean page_cache?; service b: command: missing")
+
+
 def test_a_typo_in_an_entry_or_the_defaults_is_named_with_the_closest_key():
     entries, problems = preflight.check_entries([dict(SERVICE, page_cahce="evict")], {"min_local_percnt": 90})
     assert entries == []

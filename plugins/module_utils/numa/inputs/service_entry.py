@@ -4,8 +4,8 @@ report (numa_metrics on each host) and the tests all ask here, so the report pla
 as a deployment of it would.
 
 The entry is the role's with its defaults merged (meta/argument_specs.yml's, then
-``inference_service_defaults``, then the entry's own keys; roles/inference_service/tasks/entries.yml
-merges them). ``layout`` gives the instances: one per node with CPUs (``per_node``), one per GPU
+``inference_service_defaults``, then the entry's own keys; the numa_service_entries filter merges
+them). ``layout`` gives the instances: one per node with CPUs (``per_node``), one per GPU
 (``per_gpu``), one per group of ``gpus`` GPUs (``gpu_groups``), or one (``single``).
 
 Pure: the topology is the numa_facts dict, nothing is read.
