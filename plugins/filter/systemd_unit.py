@@ -52,10 +52,6 @@ class _Rule:
             raise AnsibleFilterError(str(exc)) from None
 
 
-def _rule(module, name):
-    return _Rule(module, name)
-
-
 def _server_command(argv, plan):
     from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import conflicting_flags
     from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
@@ -89,21 +85,21 @@ class FilterModule:
 
     def filters(self):
         return {
-            "systemd_exec": _rule("act.unit_text", "exec_line"),
-            "systemd_args": _rule("act.unit_text", "exec_args"),
-            "systemd_command_args": _rule("act.unit_text", "command_args"),
-            "systemd_value": _rule("act.unit_text", "setting_value"),
-            "systemd_account": _rule("act.unit_text", "account_name"),
-            "systemd_extra_value": _rule("act.unit_text", "extra_setting_value"),
-            "systemd_path": _rule("act.unit_text", "path_value"),
-            "systemd_environment": _rule("act.unit_text", "environment_lines"),
-            "systemd_setting_name": _rule("act.unit_text", "setting_name"),
-            "systemd_unit_prefix": _rule("act.unit_text", "unit_prefix"),
-            "systemd_version": _rule("act.unit_text", "parse_systemd_version"),
-            "numa_pin_flags": _rule("act.unit_text", "request_flags"),
-            "numa_plan_args": _rule("inputs.request", "module_args"),
-            "numa_plan_record": _rule("act.unit_text", "plan_record"),
-            "numa_service_requests": _rule("inputs.service_entry", "service_requests"),
+            "systemd_exec": _Rule("act.unit_text", "exec_line"),
+            "systemd_args": _Rule("act.unit_text", "exec_args"),
+            "systemd_command_args": _Rule("act.unit_text", "command_args"),
+            "systemd_value": _Rule("act.unit_text", "setting_value"),
+            "systemd_account": _Rule("act.unit_text", "account_name"),
+            "systemd_extra_value": _Rule("act.unit_text", "extra_setting_value"),
+            "systemd_path": _Rule("act.unit_text", "path_value"),
+            "systemd_environment": _Rule("act.unit_text", "environment_lines"),
+            "systemd_setting_name": _Rule("act.unit_text", "setting_name"),
+            "systemd_unit_prefix": _Rule("act.unit_text", "unit_prefix"),
+            "systemd_version": _Rule("act.unit_text", "parse_systemd_version"),
+            "numa_pin_flags": _Rule("act.unit_text", "request_flags"),
+            "numa_plan_args": _Rule("inputs.request", "module_args"),
+            "numa_plan_record": _Rule("act.unit_text", "plan_record"),
+            "numa_service_requests": _Rule("inputs.service_entry", "service_requests"),
             "numa_service_entries": _filter(_service_entries),
             "numa_server_command": _filter(_server_command),
             "numa_systemd_settings": _filter(_settings),
