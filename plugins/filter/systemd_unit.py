@@ -22,14 +22,19 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 PACKAGE = "ansible_collections.inferops.numa.plugins.module_utils.numa."
 
 
+def _reported(func, args, kwargs):
+    """func(*args, **kwargs), its NumaError an AnsibleFilterError: the task fails with the message that names the fix."""
+    try:
+        return func(*args, **kwargs)
+    except NumaError as exc:
+        raise AnsibleFilterError(str(exc)) from None
+
+
 def _filter(func):
-    """func as a filter: its NumaError an AnsibleFilterError, so the task fails with the message that names the fix."""
+    """func as a filter (_reported)."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        try:
-            return func(*args, **kwargs)
-        except NumaError as exc:
-            raise AnsibleFilterError(str(exc)) from None
+        return _reported(func, args, kwargs)
     return wrapper
 
 
@@ -46,10 +51,7 @@ class _Rule:
         return getattr(importlib.import_module(PACKAGE + self.module), self.__name__)
 
     def __call__(self, *args, **kwargs):
-        try:
-            return self.__wrapped__(*args, **kwargs)
-        except NumaError as exc:
-            raise AnsibleFilterError(str(exc)) from None
+        return _reported(self.__wrapped__, args, kwargs)
 
 
 def _server_command(argv, plan):
