@@ -83,7 +83,7 @@ def check_value(name: str, value: Any, spec: Mapping[str, Any],
                 bounds: Optional[Tuple[Optional[float], Optional[float]]] = None) -> Tuple[Any, Optional[str]]:
     """(the value converted to its spec's type, None) or (value, "cause; fix") for one option."""
     single = {key: val for key, val in spec.items() if key not in ("options", "required", "default")}
-    result = ArgumentSpecValidator({name: single}).validate({name: value})
+    result = ArgumentSpecValidator({name: single}).validate({name: plain(value)})
     errors = list(result.errors.errors)
     if errors and type(errors[0]).__name__ == "ArgumentValueError" and spec.get("choices"):
         return value, "%r is not one of its choices; %s" % (value, _fix(spec))
@@ -94,6 +94,19 @@ def check_value(name: str, value: Any, spec: Mapping[str, Any],
     if converted is not None and ((low is not None and converted < low) or (high is not None and converted > high)):
         return value, "%s is out of range; give %s" % (converted, _range_words(low, high))
     return converted, None
+
+
+def plain(value: Any) -> Any:
+    """value as plain dicts, lists, str, int and float: the validator deep-copies what it checks, and a filter's
+    argument on ansible-core 2.19+ is a lazy container whose copy drags the templar (and its plugin loaders) along."""
+    if isinstance(value, Mapping):
+        return {plain(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    for kind in (bool, str, int, float):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
 
 
 def _fix(spec: Mapping[str, Any]) -> str:

@@ -56,6 +56,23 @@ def test_entries_come_back_merged_and_converted():
     assert entry["pin_mode"] == "wrapper" and entry["gpus"] is None
 
 
+class _Lazy(dict):
+    """A mapping like ansible-core 2.19+'s lazy containers: its deep copy drags state the validator must not copy."""
+
+    def __deepcopy__(self, memo):
+        raise AssertionError("the validator deep-copied the caller's container")
+
+
+class _TaggedText(str):
+    pass
+
+
+def test_entries_given_as_lazy_containers_are_checked_as_plain_data():
+    entries, problems = preflight.check_entries([_Lazy(SERVICE, environment=_Lazy(MODE=_TaggedText("fast")))], {})
+    assert problems == []
+    assert entries[0]["environment"] == {"MODE": "fast"} and type(entries[0]["environment"]["MODE"]) is str
+
+
 def test_the_role_and_the_fleet_report_merge_with_the_preflights_own_check():
     """Their filter, numa_service_entries: the preflight's merge, and one error naming every problem."""
     from ansible.errors import AnsibleFilterError
