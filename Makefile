@@ -6,9 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 COLLECTION_LINK := build/ansible_collections/inferops/numa
 # prometheus: promtool, which the tests check the metrics text and the alert rules with. python3-venv: the
-# venvs (Debian's python3 has no ensurepip without it; the matrix's oldest core runs on Debian's 3.11).
+# venvs (Debian's python3 has no ensurepip without it; the matrix's oldest core runs on Debian's 3.11). podman,
+# runc: the execution environment's build and the lab's run inside it (lab/ee.py; crun refuses this cgroup layout).
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs hwloc numactl systemd openssh-client \
-	build-essential cmake curl util-linux prometheus python3-venv
+	build-essential cmake curl util-linux prometheus python3-venv podman runc
 LAB_STAMP := $(VENV)/.lab-installed
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)

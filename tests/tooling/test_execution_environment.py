@@ -1,5 +1,6 @@
-"""execution-environment.yml: ansible-builder makes its build context offline (building the image itself needs
-podman or docker, which make test does not install)."""
+"""execution-environment.yml: ansible-builder makes its build context offline; lab/ee.py's test definition is the
+shipped one on a local Debian base. (The image is built with podman and used by the lab: molecule/default/tests/
+test_ee.py.)"""
 
 import os
 import re
@@ -59,3 +60,32 @@ def test_ansible_builder_creates_the_context_with_the_collection_and_the_pinned_
     assert 'ANSIBLE_INSTALL_REFS="%s ansible-runner==' % core_pin in text
     assert "ansible-galaxy collection install" in text and "-r requirements.yml" in text
     assert "openssh-clients" in (context / "_build" / "bindep.txt").read_text()
+
+
+def _ee():
+    sys.path.insert(0, os.path.join(REPO, "lab"))
+    import ee
+    return ee
+
+
+def test_the_labs_definition_is_the_shipped_one_on_the_debian_base(tmp_path):
+    ee = _ee()
+    with open(os.path.join(REPO, "execution-environment.yml")) as handle:
+        shipped = yaml.safe_load(handle)
+    tarball = tmp_path / os.path.basename(shipped["additional_build_files"][0]["src"])
+    ours = ee.test_definition(shipped, "localhost/base:1", tarball)
+    assert ours["images"] == {"base_image": {"name": "localhost/base:1"}}
+    assert ours["dependencies"]["python_interpreter"] == {"package_system": "python3", "python_path": "/usr/bin/python3"}
+    assert ours["options"]["package_manager_path"] == "/usr/bin/apt-get"
+    assert ours["additional_build_files"][0] == dict(shipped["additional_build_files"][0], src=str(tarball))
+    assert ours["version"] == shipped["version"]
+    assert dict(ours["dependencies"], python_interpreter=None) == dict(shipped["dependencies"], python_interpreter=None)
+    assert shipped["images"]["base_image"]["name"].startswith("registry.")  # the shipped one is unchanged
+
+
+def test_the_base_is_made_again_when_its_recipe_changes(monkeypatch):
+    ee = _ee()
+    before = ee.base_name()
+    assert before == ee.base_name() and before.startswith(ee.BASE_REPOSITORY + ":")
+    monkeypatch.setattr(ee, "BASE_PACKAGES", ee.BASE_PACKAGES + ["less"])
+    assert ee.base_name() != before
