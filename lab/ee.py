@@ -101,8 +101,8 @@ def _run(argv: List[str], what: str, **kwargs) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, check=True, env=podman_environment(), **kwargs)
     except FileNotFoundError:
-        raise EEError("%s: %s is not installed; run make apt (Debian: apt-get install podman runc mmdebstrap)"
-                      % (what, argv[0]))
+        raise EEError("%s: %s is not installed; make apt installs podman, runc and mmdebstrap, make venv "
+                      "ansible-galaxy and ansible-builder (run ee.py with the venv's python)" % (what, argv[0]))
     except subprocess.CalledProcessError as exc:
         raise EEError("%s failed (exit %d); see the output above" % (what, exc.returncode))
 
@@ -136,7 +136,7 @@ def ensure_base(log=sys.stderr) -> str:
     return name
 
 
-def test_definition(shipped: Dict[str, object], base: str, tarball: Path) -> Dict[str, object]:
+def lab_definition(shipped: Dict[str, object], base: str, tarball: Path) -> Dict[str, object]:
     """The shipped definition on the Debian ``base``: its Python and package manager Debian's, its collection
     tarball taken from ``tarball``; everything else as shipped."""
     definition = json.loads(json.dumps(shipped))
@@ -171,7 +171,7 @@ def build(log=sys.stderr) -> Dict[str, object]:
     step = time.monotonic()
     tarball = collection_tarball(log)
     definition_file = WORK / "execution-environment.yml"
-    definition_file.write_text(yaml.safe_dump(test_definition(shipped, base, tarball), sort_keys=False))
+    definition_file.write_text(yaml.safe_dump(lab_definition(shipped, base, tarball), sort_keys=False))
     _run([str(Path(sys.executable).parent / "ansible-builder"), "build", "-f", str(definition_file),
           "-c", str(WORK / "context"), "-t", EE_NAME, "--container-runtime", "podman",
           "--extra-build-cli-args", "--network host", "-v", "2"],

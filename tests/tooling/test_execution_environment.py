@@ -73,7 +73,7 @@ def test_the_labs_definition_is_the_shipped_one_on_the_debian_base(tmp_path):
     with open(os.path.join(REPO, "execution-environment.yml")) as handle:
         shipped = yaml.safe_load(handle)
     tarball = tmp_path / os.path.basename(shipped["additional_build_files"][0]["src"])
-    ours = ee.test_definition(shipped, "localhost/base:1", tarball)
+    ours = ee.lab_definition(shipped, "localhost/base:1", tarball)
     assert ours["images"] == {"base_image": {"name": "localhost/base:1"}}
     assert ours["dependencies"]["python_interpreter"] == {"package_system": "python3", "python_path": "/usr/bin/python3"}
     assert ours["options"]["package_manager_path"] == "/usr/bin/apt-get"
