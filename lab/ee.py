@@ -39,18 +39,21 @@ WORK = REPO / "build" / "ee"
 # --- the base image's recipe: every constant here feeds its tag -------------------------------------------
 BASE_RECIPE_VERSION = 1
 SUITE = "bookworm"
-# python3-pip: ansible-builder pip-installs ansible-core and ansible-runner; openssh-client: the EE's ssh (the
-# shipped definition's openssh-clients is an rpm name, skipped on dpkg).
+# python3-pip: ansible-builder pip-installs ansible-core and ansible-runner; python3-venv: the ensurepip module the
+# second hook answers; openssh-client: the EE's ssh (the shipped definition's openssh-clients is an rpm name,
+# skipped on dpkg).
 BASE_PACKAGES = ["python3", "python3-pip", "python3-venv", "openssh-client", "ca-certificates"]
-# ansible-builder's pip_install runs `python3 -m ensurepip --root /` first, which Debian disables for its system
-# Python: the base answers it with the pip python3-pip installed.
 # The host's local certificate authorities (a TLS-inspecting proxy's, a company's): the EE's pip and ansible-galaxy
 # reach their registries through the host's network, so the base trusts what the host trusts.
 LOCAL_CAS = "/usr/local/share/ca-certificates"
-BASE_HOOKS = ["for ca in %s/*.crt; do if [ -f \"$ca\" ]; then cp \"$ca\" \"$1\"%s/; fi; done; "
-              "chroot \"$1\" update-ca-certificates >/dev/null" % (LOCAL_CAS, LOCAL_CAS),
-              "for main in \"$1\"/usr/lib/python3.*/ensurepip/__main__.py; do "
-              "printf 'import pip  # Debian: pip is python3-pip\\n' > \"$main\"; done"]
+BASE_HOOKS = [
+    "for ca in %s/*.crt; do if [ -f \"$ca\" ]; then cp \"$ca\" \"$1\"%s/; fi; done; "
+    "chroot \"$1\" update-ca-certificates >/dev/null" % (LOCAL_CAS, LOCAL_CAS),
+    # ansible-builder's pip_install runs `python3 -m ensurepip --root /` first, which Debian disables for its
+    # system Python: the base answers it with the pip python3-pip installed.
+    "for main in \"$1\"/usr/lib/python3.*/ensurepip/__main__.py; do "
+    "printf 'import pip  # Debian: pip is python3-pip\\n' > \"$main\"; done",
+]
 MIRROR = "http://deb.debian.org/debian"
 BASE_REPOSITORY = "localhost/inferops-numa-debian"
 EE_NAME = "localhost/inferops-numa-ee:test"
@@ -107,6 +110,11 @@ def _run(argv: List[str], what: str, **kwargs) -> subprocess.CompletedProcess:
         raise EEError("%s failed (exit %d); see the output above" % (what, exc.returncode))
 
 
+def _venv_tool(name: str) -> str:
+    """A tool of the venv this script runs in (ansible-galaxy, ansible-builder)."""
+    return str(Path(sys.executable).parent / name)
+
+
 def image_exists(name: str) -> bool:
     try:
         return subprocess.run(["podman", "image", "exists", name], env=podman_environment(),
@@ -155,7 +163,7 @@ def collection_tarball(log) -> Path:
     out = WORK / "collection"
     shutil.rmtree(str(out), ignore_errors=True)
     out.mkdir(parents=True)
-    _run([str(Path(sys.executable).parent / "ansible-galaxy"), "collection", "build", "--output-path", str(out),
+    _run([_venv_tool("ansible-galaxy"), "collection", "build", "--output-path", str(out),
           str(REPO)], "ansible-galaxy collection build", stdout=log, stderr=log)
     return out / ("%s-%s-%s.tar.gz" % (galaxy["namespace"], galaxy["name"], galaxy["version"]))
 
@@ -172,7 +180,7 @@ def build(log=sys.stderr) -> Dict[str, object]:
     tarball = collection_tarball(log)
     definition_file = WORK / "execution-environment.yml"
     definition_file.write_text(yaml.safe_dump(lab_definition(shipped, base, tarball), sort_keys=False))
-    _run([str(Path(sys.executable).parent / "ansible-builder"), "build", "-f", str(definition_file),
+    _run([_venv_tool("ansible-builder"), "build", "-f", str(definition_file),
           "-c", str(WORK / "context"), "-t", EE_NAME, "--container-runtime", "podman",
           "--extra-build-cli-args", "--network host", "-v", "2"],
          "ansible-builder build", stdout=log, stderr=log, cwd=str(WORK))
