@@ -118,30 +118,38 @@ class Plan(_Record):
 
 def plan(topology: Dict[str, Any], request: Request) -> Plan:
     """The placement of ``request.instance`` on ``topology``; raises PlacementError if impossible."""
-    return _plan_with(_gather_hints(topology, request), request)
+    hints = _gather_hints(topology, request)
+    _check_fits_host(hints, request)
+    return _plan_with(hints, request, _simulate(hints, request))
 
 
 def plan_instances(topology: Dict[str, Any], request: Request) -> List[Union[Plan, PlacementError]]:
     """plan() of every instance of ``request`` (0 to instances-1): each its Plan or the PlacementError
-    plan() raises for it. The hints are read once: they depend on the topology and the reserved CPUs,
-    not on the instance, and on a 64-node machine they were most of planning its 64 instances."""
+    plan() raises for it. The hints are read and the instances simulated once: neither depends on which
+    instance is planned, and on a 64-node machine redoing them per instance was most of planning its 64."""
     try:
         hints = _gather_hints(topology, request)
+        _check_fits_host(hints, request)
     except PlacementError as error:
         return [error] * request.instances
+    outcomes = _simulate(hints, request)
     results = []  # type: List[Union[Plan, PlacementError]]
     for index in range(request.instances):
         try:
-            results.append(_plan_with(hints, Request.from_options(dict(request.to_dict(), instance=index))))
+            results.append(_plan_with(hints, Request.from_options(dict(request.to_dict(), instance=index)),
+                                      outcomes))
         except PlacementError as error:
             results.append(error)
     return results
 
 
-def _plan_with(hints: _Hints, request: Request) -> Plan:
-    _check_fits_host(hints, request)
-    placements, notes = _simulate(hints, request)
-    mine = placements[request.instance]
+def _plan_with(hints: _Hints, request: Request, outcomes: List[Union[_Placement, PlacementError]]) -> Plan:
+    mine = outcomes[request.instance]
+    if isinstance(mine, PlacementError):
+        raise _for_instance(mine, request.instance, request.instances)
+    placements = [None if isinstance(outcome, PlacementError) else outcome
+                  for outcome in outcomes]  # type: List[Optional[_Placement]]
+    notes = _simulation_notes(outcomes, request.instance)
     cpus, cpu_reasons = _assign_cpus(hints, placements, request.instance, request.smt)
     env, env_reasons = _environment(hints, mine.gpus, len(cpus))
     gpu_map, map_reasons = _gpu_map(hints, mine, cpus, request.smt)
@@ -390,32 +398,39 @@ class _State(_Record):
             self.free[node] = max(0, self.free[node] - share)
 
 
-def _simulate(hints: _Hints, request: Request) -> Tuple[List[Optional[_Placement]], List[str]]:
-    """Place every instance in order; only the requested one may fail the plan.
+def _simulate(hints: _Hints, request: Request) -> List[Union[_Placement, PlacementError]]:
+    """Every instance placed in order: its placement, or the PlacementError that left it out.
 
-    Another instance that cannot be placed is left out (it fails on its own plan)
-    so that each instance's plan stands on its own merits.
+    An instance that cannot be placed is left out of the others' simulation (it fails on its own plan), so
+    that each instance's plan stands on its own merits, and the outcomes are the same whichever instance
+    is planned.
     """
     state = _State(free=dict(hints.available), load={node: 0 for node in hints.candidates})
-    placements = []
-    notes = []
+    outcomes = []  # type: List[Union[_Placement, PlacementError]]
     required = request.required_bytes()
     for index in range(request.instances):
         try:
             placement = _place_instance(hints, request, index, state)
         except PlacementError as error:
-            if index == request.instance:
-                raise _for_instance(error, index, request.instances)
-            notes.append("instance %d cannot be placed (%s): left out of this plan's simulation"
-                         % (index, error))
-            placements.append(None)
+            outcomes.append(error)
             continue
-        if index < request.instance:
-            notes.append("instance %d placed before this one: %s on node(s) %s" % (
-                index, placement.policy, format_cpulist(placement.mem_nodes)))
-        placements.append(placement)
+        outcomes.append(placement)
         state.take(placement, required)
-    return placements, notes
+    return outcomes
+
+
+def _simulation_notes(outcomes: List[Union[_Placement, PlacementError]], instance: int) -> List[str]:
+    """What instance ``instance``'s plan says of the others: those left out, and those placed before it."""
+    notes = []
+    for index, outcome in enumerate(outcomes):
+        if index == instance:
+            continue
+        if isinstance(outcome, PlacementError):
+            notes.append("instance %d cannot be placed (%s): left out of this plan's simulation" % (index, outcome))
+        elif index < instance:
+            notes.append("instance %d placed before this one: %s on node(s) %s" % (
+                index, outcome.policy, format_cpulist(outcome.mem_nodes)))
+    return notes
 
 
 def _for_instance(error: PlacementError, index: int, instances: int) -> PlacementError:
