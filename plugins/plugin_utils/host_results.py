@@ -37,8 +37,11 @@ Spec = Callable[[Any, str], Any]
 def one_line(text: str, limit: int = MAX_TEXT) -> str:
     """``text`` cut to ``limit`` characters as one visible line: runs of spaces, tabs and line breaks become
     one space, every other control or format character (escape, bidi override, zero-width) its escape."""
+    cut = text[:limit]
+    if cut.isprintable():  # no control, format or unassigned character, no space but ' ': nothing to escape
+        return " ".join(cut.split()) + ("..." if len(text) > limit else "")
     shown = []
-    for char in text[:limit]:
+    for char in cut:
         if char.isspace():
             shown.append(" ")
         elif unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):

@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import exposition, metrics
 
 from tests.fixtures import sysfs
 from tests.tools import missing
@@ -34,7 +34,7 @@ def promtool_check(text):
 
 
 def test_the_text_passes_promtool_and_says_what_was_measured(host):
-    text = metrics.render(snapshot_of(host), {"llama@1.service": {"last_seconds": 1, "counts": {"restart": 2}}})
+    text = exposition.render(snapshot_of(host), {"llama@1.service": {"last_seconds": 1, "counts": {"restart": 2}}})
     promtool_check(text)
     trapped = {"unit": "llama@1.service", "policy": "bind", "nodes": "1", "service": "llama"}
     assert value(text, "inferops_numa_instance_local_ratio", memory="file", **trapped) == 0.0
@@ -68,7 +68,7 @@ def test_any_label_text_is_escaped_so_promtool_reads_it(units, policy):
                           "resident_bytes": {"anon": 4096, "file": 0}, "remote_bytes": {"anon": 0, "file": 0}})
     snap = {"host": {"numa_balancing": None, "node_count": 0, "nodes": []}, "instances": instances,
             "warnings": [], "timestamp_seconds": 1.0, "duration_seconds": 0.01}
-    text = metrics.render(snap)
+    text = exposition.render(snap)
     promtool_check(text)
     assert text.count("inferops_numa_instance_up{") == len(units)
 
@@ -77,7 +77,7 @@ def test_no_plan_directory_means_no_instances(tmp_path):
     root = sysfs.amd_nps4().write(str(tmp_path / "root"))
     snap = metrics.collect(root, str(tmp_path / "missing"), Systemd({}), page_size=PAGE)
     assert snap["instances"] == [] and snap["host"]["node_count"] == 8
-    promtool_check(metrics.render(snap))
+    promtool_check(exposition.render(snap))
 
 
 def numa_pin(*args):
@@ -99,7 +99,7 @@ def test_numa_pin_metrics_writes_the_textfile(tmp_path):
     done = numa_pin("--textfile-dir", str(tmp_path / "out"), "--plan-dir", str(tmp_path / "none"),
                     "--state-dir", str(tmp_path / "state"))
     assert done.returncode == 0 and done.stdout == "", done.stderr
-    promtool_check((tmp_path / "out" / metrics.TEXTFILE_NAME).read_text())
+    promtool_check((tmp_path / "out" / exposition.TEXTFILE_NAME).read_text())
 
 
 def test_numa_pin_metrics_refuses_a_writable_directory_in_one_line(tmp_path):

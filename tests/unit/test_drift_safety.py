@@ -14,7 +14,7 @@ import types
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import metrics_command
-from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import drift, exposition, metrics
 
 from tests.unit.test_audit import PAGE
 from tests.unit.test_metrics import (BIND1, host, machine_root, snapshot_of,  # noqa: F401 (fixtures)
@@ -51,7 +51,7 @@ def timer_run(host, dirs, monkeypatch, interval=3600.0, now=None):  # noqa: F811
 
 
 def textfile(dirs):
-    with open(os.path.join(dirs[0], metrics.TEXTFILE_NAME)) as handle:
+    with open(os.path.join(dirs[0], exposition.TEXTFILE_NAME)) as handle:
         return handle.read()
 
 
@@ -70,11 +70,11 @@ def test_a_state_directory_that_is_a_file_means_no_restart_and_still_a_textfile(
 
 def test_a_state_that_cannot_be_recorded_means_no_action_in_one_line(host, tmp_path):  # noqa: F811
     def record(marked):
-        raise metrics.NumaError("cannot write drift-actions.json in the state directory /x: No space left on device;"
+        raise drift.NumaError("cannot write drift-actions.json in the state directory /x: No space left on device;"
                                 " check the disk and that root may write there")
 
     actions = {}
-    lines, changed = metrics.drift_actions(snapshot_of(host)["instances"], actions, 0, 1.0, host[2], record=record)
+    lines, changed = drift.drift_actions(snapshot_of(host)["instances"], actions, 0, 1.0, host[2], record=record)
     assert not changed and actions == {} and restarts(host[2]) == []
     assert lines[-1] == ("drift: on_drift restart of %s not taken: it could not be recorded first: cannot write "
                          "drift-actions.json in the state directory /x: No space left on device; check the disk and "
@@ -99,7 +99,7 @@ def test_a_full_disk_means_no_restart_until_the_state_is_written(host, dirs, mon
     journal = timer_run(host, dirs, monkeypatch, now=10000.0)
     assert restarts(host[2]) == [] and "No space left on device" in journal
     assert "inferops_numa_instance_up{" in textfile(dirs)
-    assert not os.path.exists(os.path.join(dirs[1], metrics.STATE_NAME))
+    assert not os.path.exists(os.path.join(dirs[1], drift.STATE_NAME))
     assert [name for name in os.listdir(dirs[1]) if name.endswith(".tmp")] == []
     monkeypatch.setattr(os, "write", real_write)  # space again: acted on once, then the interval holds
     timer_run(host, dirs, monkeypatch, now=10001.0)
@@ -113,7 +113,7 @@ def test_two_runs_within_the_interval_restart_once_and_count_it(host, dirs, monk
     assert restarts(host[2]) == [["systemctl", "restart", "--", TRAPPED]]
     assert "on_drift restart not taken: the last action was 3599 s ago" in journal
     assert 'inferops_numa_instance_drift_actions_total{action="restart"' in textfile(dirs)
-    with open(os.path.join(dirs[1], metrics.STATE_NAME)) as handle:
+    with open(os.path.join(dirs[1], drift.STATE_NAME)) as handle:
         assert json.load(handle) == {TRAPPED: {"last_seconds": 5000.0, "counts": {"restart": 1}}}
     timer_run(host, dirs, monkeypatch, now=5000.0 + 3601)
     assert len(restarts(host[2])) == 2
@@ -124,16 +124,16 @@ def test_the_state_is_written_before_the_restart(host, dirs):  # noqa: F811
 
     def run(argv):
         if argv[:2] == ["systemctl", "restart"]:
-            seen.append(metrics.read_actions(dirs[1]))
+            seen.append(drift.read_actions(dirs[1]))
         return host[2](argv)
 
-    lines, actions = metrics.act_on_drift(snapshot_of(host), dirs[1], 3600, 7000.0, run)
+    lines, actions = drift.act_on_drift(snapshot_of(host), dirs[1], 3600, 7000.0, run)
     assert seen == [{TRAPPED: {"last_seconds": 7000.0, "counts": {"restart": 1}}}]
     assert actions == seen[0] and lines[-1] == "drift: %s: restarted (on_drift restart)" % TRAPPED
 
 
 def test_without_a_recorder_nothing_is_taken(host):  # noqa: F811
-    lines, changed = metrics.drift_actions(snapshot_of(host)["instances"], {}, 0, 1.0, host[2])
+    lines, changed = drift.drift_actions(snapshot_of(host)["instances"], {}, 0, 1.0, host[2])
     assert not changed and restarts(host[2]) == [] and "could not be recorded first" in lines[-1]
 
 
@@ -150,12 +150,12 @@ def test_without_a_recorder_nothing_is_taken(host):  # noqa: F811
 ])
 def test_a_corrupt_state_means_no_action_and_a_warning(host, dirs, monkeypatch, state):  # noqa: F811
     os.makedirs(dirs[1], 0o755)
-    with open(os.path.join(dirs[1], metrics.STATE_NAME), "wb") as handle:
+    with open(os.path.join(dirs[1], drift.STATE_NAME), "wb") as handle:
         handle.write(state if isinstance(state, bytes) else state.encode())
     journal = timer_run(host, dirs, monkeypatch, interval=0)
     assert restarts(host[2]) == []
     warned = [line for line in journal.splitlines() if "no on_drift action is taken" in line]
-    assert len(warned) == 1 and metrics.STATE_NAME in warned[0] and "remove it" in warned[0]
+    assert len(warned) == 1 and drift.STATE_NAME in warned[0] and "remove it" in warned[0]
     assert "drift: %s: PID(s)" % TRAPPED in journal  # the drift is still logged
     assert "inferops_numa_metrics_warnings 1" in textfile(dirs)
 
@@ -163,7 +163,7 @@ def test_a_corrupt_state_means_no_action_and_a_warning(host, dirs, monkeypatch, 
 @pytest.mark.parametrize("spoil", ["file-group-writable", "file-foreign", "directory-world-writable"])
 def test_a_state_root_did_not_write_alone_means_no_action(host, dirs, monkeypatch, spoil):  # noqa: F811
     os.makedirs(dirs[1], 0o755)
-    path = os.path.join(dirs[1], metrics.STATE_NAME)
+    path = os.path.join(dirs[1], drift.STATE_NAME)
     write_json(path, {}, mode=0o600)
     if spoil == "file-group-writable":
         os.chmod(path, 0o620)

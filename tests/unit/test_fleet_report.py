@@ -6,6 +6,7 @@ import os
 import importlib
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import fleet
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
@@ -143,3 +144,28 @@ def test_the_report_goes_to_the_current_or_given_directory_never_into_an_install
 
 
 # --- the playbook, for real ------------------------------------------------------------------------
+
+
+def one_line_by_character(text, limit):
+    """host_results.one_line's rule spelled out one character at a time: every kind of space one space,
+    every control, format, surrogate, private or unassigned character its escape, runs of spaces one."""
+    import unicodedata
+
+    shown = []
+    for char in text[:limit]:
+        if char.isspace():
+            shown.append(" ")
+        elif unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            shown.append("\\x%02x" % ord(char) if ord(char) < 0x100 else "\\u%04x" % ord(char))
+        else:
+            shown.append(char)
+    return " ".join("".join(shown).split()) + ("..." if len(text) > limit else "")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(), max_size=40) | st.text("ab \t\n\x1b\u202e\u200b\xa0é", max_size=40),
+       st.integers(min_value=0, max_value=50))
+def test_one_line_takes_printable_text_as_it_is_and_escapes_the_rest_character_by_character(text, limit):
+    from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
+
+    assert host_results.one_line(text, limit) == one_line_by_character(text, limit)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
-from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import drift, exposition, metrics
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import systemctl
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
@@ -190,7 +190,7 @@ def test_the_ab_gates_verdicts_are_shown_per_instance(host):
                        "llama@1.service": {"kept": False, "gain_percent": -48.5},
                        "down@0.service": {"kept": True, "gain_percent": None}}
     assert any("the verdict on 'evil\\n# TYPE x gauge' is not {kept" in warning for warning in snap["warnings"])
-    text = metrics.render(snap)
+    text = exposition.render(snap)
     assert value(text, "inferops_numa_instance_ab_gain_ratio", unit="llama@0.service") == 0.6506
     assert value(text, "inferops_numa_instance_ab_kept", unit="llama@1.service") == 0
     assert value(text, "inferops_numa_instance_ab_kept", unit="down@0.service") == 1
@@ -213,19 +213,19 @@ def test_the_textfile_is_replaced_whole_and_no_temporary_is_left(tmp_path):
     directory = tmp_path / "textfile"
     directory.mkdir(mode=0o755)
     os.chmod(str(directory), 0o755)
-    target = directory / metrics.TEXTFILE_NAME
+    target = directory / exposition.TEXTFILE_NAME
     os.symlink(str(tmp_path / "victim"), str(target))  # planted: replaced, never followed
     (tmp_path / "victim").write_text("keep\n")
-    path = metrics.write_textfile(str(directory), "inferops_numa_nodes 2\n")
+    path = exposition.write_textfile(str(directory), "inferops_numa_nodes 2\n")
     assert path == str(target) and target.read_text() == "inferops_numa_nodes 2\n"
     assert not os.path.islink(str(target)) and stat.S_IMODE(os.stat(str(target)).st_mode) == 0o644
     assert (tmp_path / "victim").read_text() == "keep\n"
-    assert os.listdir(str(directory)) == [metrics.TEXTFILE_NAME]
+    assert os.listdir(str(directory)) == [exposition.TEXTFILE_NAME]
 
 
 def test_a_missing_directory_is_made_root_only(tmp_path):
     os.chmod(str(tmp_path), 0o755)
-    metrics.write_textfile(str(tmp_path / "new"), "x 1\n")
+    exposition.write_textfile(str(tmp_path / "new"), "x 1\n")
     assert stat.S_IMODE(os.stat(str(tmp_path / "new")).st_mode) & 0o022 == 0
 
 
@@ -256,10 +256,10 @@ def test_a_directory_others_may_write_is_refused(tmp_path, spoil):
     else:
         given = str(directory) + "/../textfile"
     with pytest.raises(NumaError) as caught:
-        metrics.write_textfile(given, "x 1\n")
+        exposition.write_textfile(given, "x 1\n")
     assert "\n" not in str(caught.value) and ("refusing" in str(caught.value) or "path" in str(caught.value)
                                               or "'..'" in str(caught.value))
-    assert not os.path.exists(os.path.join(str(directory), metrics.TEXTFILE_NAME))
+    assert not os.path.exists(os.path.join(str(directory), exposition.TEXTFILE_NAME))
 
 
 def test_a_directory_above_may_be_anyones_it_is_never_followed(tmp_path):
@@ -272,10 +272,10 @@ def test_a_directory_above_may_be_anyones_it_is_never_followed(tmp_path):
     (shared / "ours").mkdir()
     os.chmod(str(shared / "ours"), 0o755)
     os.chown(str(shared / "ours"), os.geteuid(), os.getegid())
-    metrics.write_textfile(str(shared / "ours"), "x 1\n")
+    exposition.write_textfile(str(shared / "ours"), "x 1\n")
     os.symlink(str(shared), str(tmp_path / "link"))  # a link above the directory is refused too
     with pytest.raises(NumaError, match="symbolic link"):
-        metrics.write_textfile(str(tmp_path / "link" / "ours"), "x 1\n")
+        exposition.write_textfile(str(tmp_path / "link" / "ours"), "x 1\n")
 
 
 # --- drift -----------------------------------------------------------------------------------------
@@ -285,16 +285,16 @@ def test_drift_is_logged_with_where_the_pages_are_and_acted_on_once_per_interval
     snap = snapshot_of(host)
     run = host[2]
     actions = {}
-    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0, run, record=lambda marked: None)
+    lines, changed = drift.drift_actions(snap["instances"], actions, 3600, 5000.0, run, record=lambda marked: None)
     assert changed and run.calls[-1] == ["systemctl", "restart", "--", "llama@1.service"]
     assert lines[0].startswith("drift: llama@1.service: PID(s) 4343") and "remote: 33.03 MiB on node 0 (anon 0 B, file 33.03 MiB)" in lines[0]
     assert lines[1] == "drift: llama@1.service: restarted (on_drift restart)"
     assert actions == {"llama@1.service": {"last_seconds": 5000.0, "counts": {"restart": 1}}}
     calls = len(run.calls)
-    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3599, run,
+    lines, changed = drift.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3599, run,
                                            record=lambda marked: None)
     assert not changed and len(run.calls) == calls and "not taken: the last action was 3599 s ago" in lines[1]
-    lines, changed = metrics.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3601, run,
+    lines, changed = drift.drift_actions(snap["instances"], actions, 3600, 5000.0 + 3601, run,
                                            record=lambda marked: None)
     assert changed and actions["llama@1.service"]["counts"] == {"restart": 2}
 
@@ -303,7 +303,7 @@ def test_evict_moves_the_remote_pages_to_the_plans_nodes(host):
     write_json(os.path.join(host[1], "llama.audit.json"), {"on_drift": "evict"})
     snap = snapshot_of(host)
     moved = []
-    lines, _changed = metrics.drift_actions(snap["instances"], {}, 0, 1.0, host[2],
+    lines, _changed = drift.drift_actions(snap["instances"], {}, 0, 1.0, host[2],
                                             migrate=lambda pid, old, new: moved.append((pid, old, new)) or 0,
                                             record=lambda marked: None)
     assert moved == [(4343, [0], [1])]
@@ -313,23 +313,23 @@ def test_evict_moves_the_remote_pages_to_the_plans_nodes(host):
 def test_a_look_reports_drift_without_acting(host):
     snap = snapshot_of(host)
     calls = len(host[2].calls)
-    lines, changed = metrics.drift_actions(snap["instances"], {}, 0, 1.0, host[2], act=False)
+    lines, changed = drift.drift_actions(snap["instances"], {}, 0, 1.0, host[2], act=False)
     assert len(lines) == 1 and not changed and len(host[2].calls) == calls
 
 
 def test_the_action_counts_survive_in_the_state_directory(tmp_path):
     os.chmod(str(tmp_path), 0o755)
     state = str(tmp_path / "state")
-    assert metrics.read_actions(state) == {}
-    metrics.write_actions(state, {"a@0.service": {"last_seconds": 3.5, "counts": {"evict": 1}}})
-    assert stat.S_IMODE(os.stat(os.path.join(state, metrics.STATE_NAME)).st_mode) == 0o600
-    assert metrics.read_actions(state) == {"a@0.service": {"last_seconds": 3.5, "counts": {"evict": 1}}}
+    assert drift.read_actions(state) == {}
+    drift.write_actions(state, {"a@0.service": {"last_seconds": 3.5, "counts": {"evict": 1}}})
+    assert stat.S_IMODE(os.stat(os.path.join(state, drift.STATE_NAME)).st_mode) == 0o600
+    assert drift.read_actions(state) == {"a@0.service": {"last_seconds": 3.5, "counts": {"evict": 1}}}
 
 
 @pytest.mark.parametrize("interval", [-1, float("nan"), float("inf"), True, "1h"])
 def test_a_drift_interval_that_is_no_duration_is_refused(interval):
     with pytest.raises(NumaError, match="drift interval"):
-        metrics.check_interval(interval)
+        drift.check_interval(interval)
 
 
 def test_migrate_pages_of_this_process_to_its_own_node():

@@ -8,7 +8,7 @@ import re
 import pytest
 import yaml
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import exposition, metrics
 
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,7 +28,7 @@ def written_names():
     node = {"id": 0, "cpus": 2, "gpus": 0, "memory_total_bytes": 2, "memory_free_bytes": 1, "counters": counters}
     snapshot = {"host": {"numa_balancing": 0, "node_count": 1, "nodes": [node]}, "instances": [instance],
                 "warnings": [], "timestamp_seconds": 1.0, "duration_seconds": 0.1}
-    return set(re.findall(r"^# TYPE (\S+) ", metrics.render(snapshot), re.MULTILINE))
+    return set(re.findall(r"^# TYPE (\S+) ", exposition.render(snapshot), re.MULTILINE))
 
 
 def dashboard_exprs():

@@ -1,4 +1,5 @@
-"""``numa-pin metrics``: its options, the textfile it writes and the drift lines it logs; metrics.py's CLI side.
+"""``numa-pin metrics``: its options, the textfile it writes and the drift lines it logs; the CLI side of
+watch/metrics.py (the snapshot), exposition.py (the textfile) and drift.py (the drift actions).
 
 Imported only when the command is ``metrics``, so numa-pin exec's start path stays lean.
 """
@@ -10,7 +11,7 @@ import json
 import sys
 import time
 
-from ..watch import metrics
+from ..watch import drift, exposition, metrics
 from ..read.audit import run_command
 
 TYPE_CHECKING = False
@@ -20,16 +21,16 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``numa-pin metrics`` on its subparser."""
-    parser.add_argument("--textfile-dir", default=metrics.TEXTFILE_DIR,
+    parser.add_argument("--textfile-dir", default=exposition.TEXTFILE_DIR,
                         help="node_exporter's textfile collector directory; %s is written there atomically "
-                             "(default: %%(default)s)" % metrics.TEXTFILE_NAME)
+                             "(default: %%(default)s)" % exposition.TEXTFILE_NAME)
     parser.add_argument("--stdout", action="store_true", help="print the metrics instead of writing the textfile")
     parser.add_argument("--json", action="store_true", help="print the snapshot as JSON instead of writing the textfile")
     parser.add_argument("--plan-dir", default=metrics.PLAN_DIR,
                         help="where the inference_service role wrote the plan records (default: %(default)s)")
-    parser.add_argument("--state-dir", default=metrics.STATE_DIR,
+    parser.add_argument("--state-dir", default=drift.STATE_DIR,
                         help="where drift actions are counted and rate-limited (default: %(default)s)")
-    parser.add_argument("--drift-interval", type=float, default=metrics.DEFAULT_DRIFT_INTERVAL,
+    parser.add_argument("--drift-interval", type=float, default=drift.DEFAULT_DRIFT_INTERVAL,
                         help="seconds an instance's on_drift action waits before it is taken again "
                              "(default: %(default)s)")
 
@@ -41,21 +42,21 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO = sys.stderr) -> int:
     run acts only on what the state directory recorded first, and writes the textfile even when that
     directory fails.
     """
-    metrics.check_interval(args.drift_interval)
+    drift.check_interval(args.drift_interval)
     snapshot = metrics.collect("/", args.plan_dir, run_command)
     if args.stdout or args.json:
         actions = {}  # type: dict
-        lines = metrics.drift_actions(snapshot["instances"], actions, args.drift_interval, time.time(), run_command,
-                                      act=False)[0]
+        lines = drift.drift_actions(snapshot["instances"], actions, args.drift_interval, time.time(), run_command,
+                                    act=False)[0]
     else:
-        lines, actions = metrics.act_on_drift(snapshot, args.state_dir, args.drift_interval, time.time(),
-                                              run_command)
+        lines, actions = drift.act_on_drift(snapshot, args.state_dir, args.drift_interval, time.time(),
+                                            run_command)
     for line in ["warning: %s" % warning for warning in snapshot["warnings"]] + lines:
         err.write("numa-pin metrics: %s\n" % line)
     if args.json:
         out.write(json.dumps(snapshot, indent=2, sort_keys=True) + "\n")
     elif args.stdout:
-        out.write(metrics.render(snapshot, actions))
+        out.write(exposition.render(snapshot, actions))
     else:
-        metrics.write_textfile(args.textfile_dir, metrics.render(snapshot, actions))
+        exposition.write_textfile(args.textfile_dir, exposition.render(snapshot, actions))
     return 0
