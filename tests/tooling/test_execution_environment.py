@@ -58,6 +58,9 @@ def test_ansible_builder_creates_the_context_with_the_collection_and_the_pinned_
     with open(os.path.join(REPO, "requirements.txt")) as handle:
         core_pin = re.search(r"^ansible-core==\S+", handle.read(), re.MULTILINE).group(0)
     assert 'ANSIBLE_INSTALL_REFS="%s ansible-runner==' % core_pin in text
+    # The collection compiled in the final image, after it is copied there and while the build is still root.
+    final = text[text.index("FROM base AS final"):]
+    assert final.index("COPY --from=galaxy") < final.index("compileall") < final.index("USER 1000")
     assert "ansible-galaxy collection install" in text and "-r requirements.yml" in text
     assert "openssh-clients" in (context / "_build" / "bindep.txt").read_text()
 

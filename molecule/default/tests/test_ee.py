@@ -79,9 +79,23 @@ def _checkout_fleet_report(report_dir):
         return handle.read()
 
 
+def _compiled_in_the_image(*paths):
+    """Whether the EE holds the bytecode of each of the collection's ``paths``, so a job's forks need not
+    compile them (the image's uid 1000 could not write it)."""
+    collection = "/usr/share/ansible/collections/ansible_collections/inferops/numa/"
+    check = ("import importlib.util, os, sys; "
+             "print(all(os.path.exists(importlib.util.cache_from_source(path)) for path in sys.argv[1:]))")
+    done = subprocess.run(["podman", "run", "--rm", ee.EE_NAME, "python3", "-c", check]
+                          + [collection + path for path in paths], env=ee.podman_environment(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, timeout=120)
+    assert done.returncode == 0, done.stdout
+    return done.stdout.strip().splitlines()[-1] == "True"
+
+
 def test_site_and_the_fleet_report_from_inside_the_ee_match_the_checkouts_run(two_nodes, tmp_path):
     built = ee.build(log=sys.stdout)
     print("EE %s built in %s s" % (built["name"], built["seconds"]))
+    assert _compiled_in_the_image("plugins/filter/systemd_unit.py", "plugins/plugin_utils/preflight.py")
     root = _private_data_dir(str(tmp_path / "job"), labvm.instance(VM_NAME))
 
     recap = _recap(_runner(root, "site.yml", CONVERGE_S))
