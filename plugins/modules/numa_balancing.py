@@ -41,8 +41,13 @@ options:
     description:
       - C(disabled) writes 0, C(enabled) writes 1 (normal NUMA balancing), C(tiering) writes 2 (memory tiering mode
         only, Linux >= 5.18), C(raw) writes I(value).
+      - C(auto) decides on the host from the kernel's memory tiers (C(/sys/devices/virtual/memory_tiering), Linux
+        >= 6.1). It writes C(tiering) where nodes sit in more than one tier (CXL, PMEM or HBM memory beside DRAM), so
+        hot pages are still promoted from the slower tier while nothing is balanced across sockets, and C(disabled)
+        everywhere else. C(msg) says which and why, and C(state) returns it.
+      - C(disabled) on a host with memory tiers is applied with a warning that promotion from the slower tier stops.
     type: str
-    choices: [disabled, enabled, tiering, raw]
+    choices: [disabled, enabled, tiering, raw, auto]
     default: disabled
   value:
     description:
@@ -137,6 +142,11 @@ EXAMPLES = r"""
     state: tiering
   become: true
 
+- name: Tiering where the host has memory tiers, disabled where it has none
+  inferops.numa.numa_balancing:
+    state: auto
+  become: true
+
 - name: Persist it even where an admin masked the drop-in with a symlink to /dev/null
   inferops.numa.numa_balancing:
     state: disabled
@@ -158,6 +168,11 @@ supported:
   returned: always
   type: bool
   sample: true
+state:
+  description: The state written (or that would be); with I(state=auto), the one chosen on this host.
+  returned: always
+  type: str
+  sample: tiering
 before:
   description: Runtime values read before acting, by sysctl name (C(vm.zone_reclaim_mode) is included when present).
   returned: always
@@ -227,7 +242,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.act import bala
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 ARGUMENT_SPEC = {
-    "state": {"type": "str", "default": "disabled", "choices": ["disabled", "enabled", "tiering", "raw"]},
+    "state": {"type": "str", "default": "disabled", "choices": list(balancing.STATES)},
     "value": {"type": "int"},
     "persist": {"type": "bool", "default": True},
     "zone_reclaim_mode": {"type": "int"},

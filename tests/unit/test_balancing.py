@@ -39,7 +39,7 @@ def test_desired_value(state, value, expected):
     ("raw", None, "state=raw needs value"),
     ("raw", -1, "must be >= 0"),
     ("disabled", 1, "only used with state=raw"),
-    ("off", None, "unknown state"),
+    ("off", None, "unknown state 'off': use one of disabled, enabled, tiering, raw, auto"),
 ])
 def test_desired_value_refuses(state, value, words):
     with pytest.raises(NumaError, match=words):
@@ -622,3 +622,47 @@ def test_what_cannot_be_a_dropin_fails_in_one_line(inside, shape, words):
     with pytest.raises(NumaError, match=words) as failure:
         plan(inside)
     assert "\n" not in str(failure.value)
+
+
+# ---------------------------------------------------------------- state auto and memory tiers
+
+def tiered(host, tiers):
+    """The host with the kernel's memory tiers: {tier id: nodelist}, as /sys/devices/virtual/memory_tiering
+    shows them (Linux 6.1+)."""
+    for tier, nodelist in tiers.items():
+        host.file("/sys/devices/virtual/memory_tiering/memory_tier%d/nodelist" % tier, nodelist + "\n")
+    return host
+
+
+@pytest.mark.parametrize("tiers,state", [
+    ({}, "disabled"),                            # no memory tiering at all (before 6.1, or no NUMA)
+    ({4: "0-1"}, "disabled"),                    # one tier: DRAM only
+    ({4: "0-1", 22: ""}, "disabled"),            # a slower tier without nodes
+    ({4: "0-1", 22: "2"}, "tiering"),            # DRAM and a CXL expander
+    ({22: "2-3", 4: "0-1", 30: "4"}, "tiering"),  # tiers listed out of order
+])
+def test_auto_is_tiering_exactly_where_a_slower_tier_holds_nodes(host, tiers, state):
+    result = plan(tiered(host, tiers), state="auto")
+    assert result.state == state
+    assert result.desired["kernel.numa_balancing"] == b.STATE_VALUES[state]
+    assert "Requested state: %s." % state in result.dropin_after
+    assert any(note.startswith("state auto:") for note in result.notes) and result.warnings == []
+
+
+def test_auto_names_the_slower_nodes_and_disabled_there_warns_that_promotion_stops(host):
+    tiered(host, {4: "0-1", 22: "2-3", 30: "4"})
+    assert "node(s) 2-4 slower" in " ".join(plan(host, state="auto").notes)
+    (warning,) = plan(host, state="disabled").warnings
+    assert "stops promoting hot pages from the slower node(s) 2-4" in warning and "state tiering (or auto)" in warning
+
+
+def test_states_other_than_auto_and_disabled_never_read_the_tiers(host, monkeypatch):
+    monkeypatch.setattr(b, "memory_tiers", lambda root: pytest.fail("tiers read for an explicit state"))
+    for state in ("enabled", "tiering"):
+        assert plan(host, state=state).state == state
+    assert plan(host, state="raw", value=3).desired["kernel.numa_balancing"] == 3
+
+
+def test_auto_with_a_value_is_refused(host):
+    with pytest.raises(NumaError, match="only used with state=raw"):
+        plan(host, state="auto", value=2)

@@ -295,3 +295,15 @@ def test_a_symlinked_knob_fails_in_one_line_and_changes_nothing_outside(host, ru
     code, out = run({"root": host.path})
     assert code == 1 and "is a symlink" in out["msg"] and "\n" not in out["msg"]
     assert outside.read_text() == "1\n" and not host.exists(OURS)
+
+
+def test_auto_writes_tiering_on_a_tiered_host_and_says_why(host, run):
+    host.file("/sys/devices/virtual/memory_tiering/memory_tier4/nodelist", "0\n")
+    host.file("/sys/devices/virtual/memory_tiering/memory_tier22/nodelist", "1\n")
+    code, out = run({"root": host.path, "state": "auto"})
+    assert code == 0 and out["state"] == "tiering" and out["changed"] is True
+    assert host.read("/proc/sys/kernel/numa_balancing") == "2\n" and "Requested state: tiering." in host.read(OURS)
+    assert "state auto: memory tiers, node(s) 1 slower" in out["msg"] and warnings_of(out) == []
+    code, out = run({"root": host.path, "state": "disabled"})
+    assert out["state"] == "disabled" and host.read("/proc/sys/kernel/numa_balancing") == "0\n"
+    assert any("stops promoting hot pages" in warning for warning in warnings_of(out))

@@ -32,16 +32,19 @@ import posixpath
 import re
 import stat
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..system import safe_fs
 from ..base.errors import NumaError
+from ..base.cpulist import format_cpulist
 from ..read.kernel_files import read_vmstat
+from ..read.topology import memory_tiers
 from ..system.safe_fs import NO_FOLLOW
 
 BALANCING_KEY = "kernel.numa_balancing"
 ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
 STATE_VALUES = {"disabled": 0, "enabled": 1, "tiering": 2}
+STATES = tuple(STATE_VALUES) + ("raw", "auto")
 
 DROPIN_NAME = "60-inferops-numa.conf"
 DROPIN_DIR = "/etc/sysctl.d"
@@ -82,6 +85,14 @@ class BalancingRequest(NamedTuple):
     zone_reclaim_mode: Optional[int] = None
     on_conflict: str = "fail"
     force: bool = False  # replace (or remove) a drop-in that was masked on purpose
+
+
+class StateChoice(NamedTuple):
+    """The state written for the one requested (``auto`` decided on this host), and what to say about it."""
+
+    state: str  # disabled, enabled, tiering or raw
+    notes: List[str]
+    warnings: List[str]
 
 
 class Dropin(NamedTuple):
@@ -131,6 +142,7 @@ class BalancingPlan(NamedTuple):
     notes: List[str]  # informational, folded into msg
     warnings: List[str]
     error: Optional[str]  # set when on_conflict=fail and the boot config would undo us
+    state: str  # what is written: the requested state, or what auto chose on this host
 
     @property
     def after(self) -> Dict[str, int]:
@@ -187,6 +199,27 @@ def canonical_key(key: str) -> str:
     return re.sub(r"/+", "/", key).strip("/")
 
 
+def choose_state(requested: str, tiers: List[Dict[str, Any]]) -> StateChoice:
+    """What ``requested`` writes on a host with memory ``tiers`` (fastest first, as topology.memory_tiers).
+
+    A host whose nodes sit in more than one tier (CXL, PMEM or HBM beside DRAM) gets ``tiering`` for ``auto``:
+    mode 2 keeps promoting hot pages from the slower tiers without balancing pages across sockets, which
+    ``disabled`` would stop too. Any other host gets ``disabled``, what NUMA-bound services want. Memory tiers
+    came in Linux 6.1, after mode 2 (5.18), so a kernel that shows them has the mode. ``disabled`` asked for on a
+    tiered host is written, with a warning that promotion stops."""
+    slower = sorted(node for tier in sorted(tiers, key=lambda tier: tier["id"])[1:] for node in tier["nodes"])
+    if requested == "auto" and slower:
+        return StateChoice("tiering", ["state auto: memory tiers, node(s) %s slower: tiering (mode 2) promotes their "
+                                       "hot pages without balancing across sockets" % format_cpulist(slower)], [])
+    if requested == "auto":
+        return StateChoice("disabled", ["state auto: no slower memory tier, so disabled"], [])
+    if requested == "disabled" and slower:
+        return StateChoice("disabled", [], [
+            "%s = 0 on a host with memory tiers also stops promoting hot pages from the slower node(s) %s: state "
+            "tiering (or auto) keeps that without balancing across sockets" % (BALANCING_KEY, format_cpulist(slower))])
+    return StateChoice(requested, [], [])
+
+
 def desired_value(state: str, value: Optional[int]) -> int:
     if state == "raw":
         if value is None:
@@ -197,7 +230,7 @@ def desired_value(state: str, value: Optional[int]) -> int:
     if value is not None:
         raise NumaError("value is only used with state=raw: drop value, or set state=raw")
     if state not in STATE_VALUES:
-        raise NumaError("unknown state %r: use one of disabled, enabled, tiering, raw" % state)
+        raise NumaError("unknown state %r: use one of %s" % (state, ", ".join(STATES)))
     return STATE_VALUES[state]
 
 
@@ -843,14 +876,14 @@ def vmstat_warning(delta: Dict[str, Optional[float]]) -> Optional[str]:
 # ---------------------------------------------------------------- plan
 
 
-def _unsupported(root: str, desired: Dict[str, int]) -> BalancingPlan:
+def _unsupported(root: str, desired: Dict[str, int], state: str) -> BalancingPlan:
     if not is_dir(root, "/proc/sys/kernel"):
         why = "%s does not exist (is procfs mounted under root?)" % host_path(root, "/proc/sys/kernel")
     else:
         why = ("this kernel has no %s (built without CONFIG_NUMA_BALANCING, or a non-NUMA VM kernel)"
                % knob_path(root, BALANCING_KEY))
     note = "NUMA balancing is not supported: %s; nothing to disable, nothing written" % why
-    return BalancingPlan(root, False, desired, {}, None, None, None, False, [], None, [note], [], None)
+    return BalancingPlan(root, False, desired, {}, None, None, None, False, [], None, [note], [], None, state)
 
 
 def _read_before(root: str, desired: Dict[str, int]) -> Dict[str, int]:
@@ -904,24 +937,25 @@ def make_plan(root: str, request: BalancingRequest) -> BalancingPlan:
         raise NumaError("on_conflict must be fail or warn, not %r" % request.on_conflict)
     if request.zone_reclaim_mode is not None and request.zone_reclaim_mode < 0:
         raise NumaError("zone_reclaim_mode must be >= 0 (a bit mask: 1 reclaim, 2 write dirty pages, 4 swap)")
-    desired = {BALANCING_KEY: desired_value(request.state, request.value)}
+    choice = choose_state(request.state, memory_tiers(root) if request.state in ("auto", "disabled") else [])
+    desired = {BALANCING_KEY: desired_value(choice.state, request.value)}
     if request.zone_reclaim_mode is not None:
         desired[ZONE_RECLAIM_KEY] = request.zone_reclaim_mode
     if read_runtime(root, BALANCING_KEY) is None:
-        return _unsupported(root, desired)
+        return _unsupported(root, desired, choice.state)
     before = _read_before(root, desired)
     found = inspect_dropin(root)
     keep_mask = found.masked and not request.force
-    dropin_after = render_dropin(desired, request.state) if request.persist and not keep_mask else None
-    notes = []  # type: List[str]
-    warnings = [describe_mask(host_path(root, DROPIN_PATH))] if keep_mask else []
+    dropin_after = render_dropin(desired, choice.state) if request.persist and not keep_mask else None
+    notes = list(choice.notes)
+    warnings = choice.warnings + ([describe_mask(host_path(root, DROPIN_PATH))] if keep_mask else [])
     unpersisted = "persist is false" if not request.persist else "the drop-in is masked" if keep_mask else None
     # A mask left in place still hides same-named files at boot, and sets nothing itself.
     at_boot = "" if keep_mask else dropin_after
     conflicts, error = _boot_review(root, request, desired, at_boot, unpersisted, notes, warnings)
     tuned = _tuned_review(root, desired, dropin_after is not None, warnings)
     return BalancingPlan(root, True, desired, before, found.content, dropin_after, None if keep_mask else found.flaw,
-                         keep_mask, conflicts, tuned, notes, warnings, error)
+                         keep_mask, conflicts, tuned, notes, warnings, error, choice.state)
 
 
 # ---------------------------------------------------------------- reporting
@@ -961,6 +995,7 @@ def result(plan: BalancingPlan, check_mode: bool) -> Dict[str, object]:
     return {
         "changed": plan.changed,
         "supported": plan.supported,
+        "state": plan.state,
         "before": plan.before,
         "after": plan.after if plan.supported else {},
         "persisted_file": plan.dropin_file if plan.dropin_after is not None else None,

@@ -156,15 +156,27 @@ def read(root: str = "/", plan_only: bool = False) -> Dict[str, Any]:
     every service: ``l3_groups``, ``caches``, each node's ``hugepages``, ``nics`` and ``nvme``
     stay empty, and ``kernel`` holds only ``weighted_interleave``.
     """
+    with _opened(root) as tree:
+        return _read_tree(root, _Reader(tree, plan_only))
+
+
+def memory_tiers(root: str = "/") -> List[Dict[str, Any]]:
+    """The kernel's memory tiers alone (``memory_tiers`` of read()), fastest first: numa_balancing's state
+    ``auto`` decides from them without reading the rest of the host."""
+    with _opened(root) as tree:
+        reader = _Reader(tree, False)
+        reader.node_limit = _possible(reader, NODE_DIR + "/possible", MAX_NODES)
+        return _read_memory_tiers(reader)
+
+
+def _opened(root: str) -> Root:
     try:
-        tree = Root(root)
+        return Root(root)
     except OSError:
         raise NumaError(
             "topology root %r is not a directory: pass the folder that holds the "
             "captured sys/ and proc/ trees (or / for this host)" % root
         ) from None
-    with tree:
-        return _read_tree(root, _Reader(tree, plan_only))
 
 
 def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
