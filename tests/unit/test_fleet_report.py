@@ -45,6 +45,41 @@ def test_per_node_plans_one_instance_per_node_with_cpus_as_the_role_does(gpu_hos
     assert (rows[1]["cpulist"], rows[1]["policy"], rows[1]["gpus"]) == (direct["cpulist"], direct["policy"], [])
 
 
+def snc2_with_a_misleading_slit():
+    """Two sockets of two sub-NUMA nodes (SNC2): nodes 0-1 on package 0, 2-3 on package 1, 8 CPUs and 60 GiB
+    free each; the SLIT claims node 2 of the other socket nearer to node 0 than node 0's own sibling node 1."""
+    machine = sysfs.Machine()
+    for node in range(4):
+        machine.add_cpus(list(range(node * 8, node * 8 + 8)), package=node // 2, core_base=node * 8)
+    slit = {(0, 1): 31, (0, 2): 21, (0, 3): 31, (1, 2): 31, (1, 3): 31, (2, 3): 12}
+    for node in range(4):
+        distances = [10 if other == node else slit[tuple(sorted((node, other)))] for other in range(4)]
+        machine.add_node(node, list(range(node * 8, node * 8 + 8)), 64 * sysfs.GIB_KB, 60 * sysfs.GIB_KB,
+                         distances=distances)
+    return machine.finish(online=range(32), nodes=range(4), has_cpu=range(4), has_memory=range(4),
+                          total_kb=256 * sysfs.GIB_KB, free_kb=240 * sysfs.GIB_KB)
+
+
+def test_per_socket_runs_one_instance_per_package_over_all_its_nodes_interleaved(tmp_path):
+    host = read(sysfs.amd_nps4().write(str(tmp_path)))
+    rows = fleet.plan_service(host, {"name": "llama", "layout": "per_socket", "model_size": "100G"})
+    assert [(row["unit"], row["policy"], row["nodes"], row["cpulist"]) for row in rows] == [
+        ("llama@0.service", "interleave", "0-3", "0-63"), ("llama@1.service", "interleave", "4-7", "64-127")]
+
+
+def test_an_oversized_instance_spills_within_its_socket_before_the_nearest_other_node(tmp_path):
+    host = read(snc2_with_a_misleading_slit().write(str(tmp_path)))
+    # 70 GiB + 10 % + 1 GiB does not fit node 0's 60 GiB: its own socket's node 1 comes before node 2,
+    # which the SLIT ranks nearer.
+    (row,) = fleet.plan_service(host, {"name": "big", "model_size": "70G", "node": 0})
+    assert (row["policy"], row["nodes"]) == ("interleave", "0-1")
+    # Bigger than the socket (two nodes, 120 GiB): the other socket's nearest node by SLIT next.
+    (row,) = fleet.plan_service(host, {"name": "bigger", "model_size": "140G", "node": 0})
+    assert (row["policy"], row["nodes"]) == ("interleave", "0-2")
+    rows = fleet.plan_service(host, {"name": "llama", "layout": "per_socket", "model_size": "70G"})
+    assert [(row["nodes"], row["cpulist"]) for row in rows] == [("0-1", "0-15"), ("2-3", "16-31")]
+
+
 def test_per_gpu_gives_each_instance_its_gpu(gpu_host):
     rows = fleet.plan_service(gpu_host, {"name": "vllm", "layout": "per_gpu", "model_size": "30G"})
     assert [row["gpus"] for row in rows] == [["0000:81:00.0"], ["0000:c1:00.0"]]

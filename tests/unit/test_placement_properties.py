@@ -231,7 +231,7 @@ def test_bind_only_when_it_fits_and_interleave_only_over_a_fitting_set(data):
 
 @SETTINGS
 @given(st.data())
-def test_interleave_sets_are_the_shortest_nearest_first_run_that_fits(data):
+def test_interleave_sets_are_the_shortest_run_that_fits_own_package_first_then_nearest(data):
     topology = data.draw(topologies())
     request = data.draw(requests(topology, valid=True, instances=1, instance=0, model_size=0,
                                  policy=data.draw(st.sampled_from(["auto", "bind", "interleave"])),
@@ -261,8 +261,11 @@ def test_interleave_sets_are_the_shortest_nearest_first_run_that_fits(data):
     chosen = set(result.mem_nodes)
     extra = chosen - base
     assert base <= chosen
-    rank = {node: (distance(topology, result.node, node), node) for node in candidates}
-    # Distance-ordered: nothing left out is nearer to the anchor than something taken.
+    packages = {node["id"]: set(node["packages"]) for node in topology["nodes"]}
+    rank = {node: (not packages[node] & packages[result.node], distance(topology, result.node, node), node)
+            for node in candidates}
+    # The anchor's package first, then distance-ordered: nothing left out is nearer (in the anchor's package, or
+    # by SLIT among the same) than something taken.
     outside = set(candidates) - chosen
     if extra and outside:
         assert max(rank[node] for node in extra) < min(rank[node] for node in outside)

@@ -99,7 +99,7 @@ def test_a_bad_layout_a_missing_command_and_a_repeated_name_are_each_one_line():
     _, problems = preflight.check_entries([dict(SERVICE, layout="per-node"), {"name": "llama"},
                                            dict(SERVICE, name="b"), dict(SERVICE, name="b")], {})
     assert problems[0] == ("service llama: layout: 'per-node' is not one of its choices; "
-                           "use one of: single, per_node, per_gpu, gpu_groups")
+                           "use one of: single, per_node, per_socket, per_gpu, gpu_groups")
     assert problems[1].startswith("service llama: command: missing; ")
     assert problems[2] == "service b: name: given to 2 entries; give each service its own name"
     assert len(problems) == 3

@@ -31,6 +31,20 @@ def test_per_node_is_one_instance_per_node_with_cpus_each_anchored_on_its_node()
     assert (wanted["request"]["model"], wanted["request"]["model_size"]) == ("/m/llama.gguf", "/m/llama.gguf")
 
 
+def test_per_socket_is_one_instance_per_package_anchored_on_its_first_cpu_node_over_the_whole_socket():
+    # Package 1 lists its nodes out of order; package 2 holds only the memory-only node 2; package 3 has no node.
+    host = dict(HOST, nodes=HOST["nodes"] + [{"id": 5, "has_cpus": True}],
+                cpus={"packages": [{"id": 0, "nodes": [0, 2]}, {"id": 1, "nodes": [5, 3]}, {"id": 2, "nodes": [2]},
+                                   {"id": 3, "nodes": []}]})
+    wanted = service_requests({"name": "llama", "layout": "per_socket", "model": "/m/llama.gguf"}, host)
+    assert wanted["error"] is None and wanted["instances"] == 2
+    assert (wanted["request"]["anchors"], wanted["request"]["scope"], wanted["request"]["policy"]) == (
+        "0,3", "socket", "interleave")
+    assert wanted["request"]["gpus"] == "none"
+    given = service_requests({"name": "llama", "layout": "per_socket", "scope": "node", "policy": "bind"}, host)
+    assert (given["request"]["scope"], given["request"]["policy"]) == ("node", "bind")
+
+
 def test_per_gpu_is_one_instance_per_gpu_with_one_gpu_each():
     wanted = service_requests({"name": "vllm", "layout": "per_gpu", "model_size": "30G"}, HOST)
     assert (wanted["instances"], wanted["request"]["gpus"], wanted["request"]["anchors"]) == (3, 1, None)
@@ -78,7 +92,7 @@ def test_gpu_groups_takes_only_a_plain_positive_count():
 
 def test_an_unknown_layout_is_named_with_the_valid_ones():
     assert service_requests({"name": "x", "layout": "sideways"}, HOST)["error"] == (
-        "layout 'sideways' is none of single, per_node, per_gpu, gpu_groups")
+        "layout 'sideways' is none of single, per_node, per_socket, per_gpu, gpu_groups")
 
 
 def test_the_layouts_and_their_default_are_the_roles():

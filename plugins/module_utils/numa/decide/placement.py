@@ -699,9 +699,13 @@ def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State,
 
 def _minimal_fit(hints: _Hints, anchor: int, base: List[int], state: _State,
                  required: int) -> Optional[List[int]]:
-    """The shortest run of usable nodes, base first then nearest by SLIT, whose free memory fits."""
+    """The shortest run of usable nodes whose free memory fits: base first, then the anchor's package's other
+    nodes, then the other packages', each nearest by SLIT first (ties by lowest id). A sub-NUMA socket (SNC,
+    NPS) spills within itself first: SLIT alone can rank a sub-node of the other socket nearer."""
+    home = set(hints.candidates[anchor].packages)
     others = [node for node in hints.candidates if node not in base]
-    order = base + hints.nearest_first(anchor, others)
+    order = base + sorted(others, key=lambda node: (not home & set(hints.candidates[node].packages),
+                                                    hints.distance(anchor, node), node))
     for length in range(len(base), len(order) + 1):
         if _free(hints, state, order[:length]) >= required:
             return order[:length]

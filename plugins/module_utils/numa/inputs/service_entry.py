@@ -5,8 +5,9 @@ as a deployment of it would.
 
 The entry is the role's with its defaults merged (meta/argument_specs.yml's, then
 ``inference_service_defaults``, then the entry's own keys; the numa_service_entries filter merges
-them). ``layout`` gives the instances: one per node with CPUs (``per_node``), one per GPU
-(``per_gpu``), one per group of ``gpus`` GPUs (``gpu_groups``), or one (``single``).
+them). ``layout`` gives the instances: one per node with CPUs (``per_node``), one per package with
+CPUs over all of its nodes (``per_socket``), one per GPU (``per_gpu``), one per group of ``gpus`` GPUs
+(``gpu_groups``), or one (``single``).
 
 Pure: the topology is the numa_facts dict, nothing is read.
 """
@@ -17,7 +18,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping
 
-LAYOUTS = ("single", "per_node", "per_gpu", "gpu_groups")
+LAYOUTS = ("single", "per_node", "per_socket", "per_gpu", "gpu_groups")
+# A package's sub-NUMA nodes (SNC, NPS) are used together, never mixed with another package's: the
+# instance's scope is its socket and its memory interleaved over the socket's nodes, unless the entry says.
+PER_SOCKET_DEFAULTS = {"scope": "socket", "policy": "interleave"}
 # meta/argument_specs.yml's default, for an entry given without its defaults merged (tests hold them equal).
 DEFAULT_LAYOUT = "single"
 # The entry's keys that are request options of the same name (request.OPTIONS).
@@ -33,15 +37,28 @@ def service_requests(entry: Mapping[str, Any], topology: Mapping[str, Any]) -> D
     if layout not in LAYOUTS:
         return _no_instance("layout %r is none of %s" % (layout, ", ".join(LAYOUTS)))
     with_cpus = [node["id"] for node in topology.get("nodes") or [] if node.get("has_cpus")]
+    anchors = _socket_anchors(topology, with_cpus) if layout == "per_socket" else with_cpus
     gpus = len(topology.get("gpus") or [])
-    count = _instance_count(layout, len(with_cpus), gpus, entry.get("gpus"))
+    count = _instance_count(layout, len(anchors), gpus, entry.get("gpus"))
     if count == 0:
         return _no_instance(_no_instance_reason(layout, len(with_cpus), gpus, entry.get("gpus")))
-    return {"instances": count, "request": _request(entry, layout, count, with_cpus), "error": None}
+    return {"instances": count, "request": _request(entry, layout, count, anchors), "error": None}
+
+
+def _socket_anchors(topology: Mapping[str, Any], with_cpus: List[int]) -> List[int]:
+    """The lowest node with CPUs of each package that has one, in package order: an instance's anchor, from
+    which scope socket takes the package's other nodes."""
+    cpu_nodes = set(with_cpus)
+    anchors = []  # type: List[int]
+    for package in (topology.get("cpus") or {}).get("packages") or []:
+        mine = sorted(cpu_nodes.intersection(package.get("nodes") or []))
+        if mine and mine[0] not in anchors:
+            anchors.append(mine[0])
+    return anchors
 
 
 def _instance_count(layout: str, cpu_nodes: int, gpus: int, per_instance: Any) -> int:
-    if layout == "per_node":
+    if layout in ("per_node", "per_socket"):
         return cpu_nodes
     if layout == "per_gpu":
         return gpus
@@ -67,18 +84,20 @@ def _no_instance_reason(layout: str, cpu_nodes: int, gpus: int, per_instance: An
         layout, gpus, cpu_nodes, group, fix)
 
 
-def _request(entry: Mapping[str, Any], layout: str, count: int, with_cpus: List[int]) -> Dict[str, Any]:
+def _request(entry: Mapping[str, Any], layout: str, count: int, anchors: List[int]) -> Dict[str, Any]:
     request = {key: entry.get(key) for key in SAME_NAME_KEYS}
+    if layout == "per_socket":
+        request.update({key: value for key, value in PER_SOCKET_DEFAULTS.items() if request[key] is None})
     request.update({
-        # per_gpu gives each instance one GPU; per_node is the CPU layout (no GPU unless asked); else the default.
+        # per_gpu gives each instance one GPU; per_node and per_socket are CPU layouts (no GPU unless asked).
         "gpus": entry.get("gpus") if entry.get("gpus") is not None else
-        1 if layout == "per_gpu" else "none" if layout == "per_node" else None,
+        1 if layout == "per_gpu" else "none" if layout in ("per_node", "per_socket") else None,
         "model_size": entry.get("model_size") if entry.get("model_size") is not None else entry.get("model"),
         "instances": count,
-        # per_node means instance i on the i-th node with CPUs. Fixed at deploy time so the spread stays stable:
-        # planned again later (next deploy, next start), the running instances' own memory would otherwise count
-        # against their nodes and could swap them.
-        "anchors": ",".join(str(node) for node in with_cpus) if layout == "per_node" else None,
+        # per_node means instance i on the i-th node with CPUs, per_socket on the i-th package's first. Fixed at
+        # deploy time so the spread stays stable: planned again later (next deploy, next start), the running
+        # instances' own memory would otherwise count against their nodes and could swap them.
+        "anchors": ",".join(str(node) for node in anchors) if layout in ("per_node", "per_socket") else None,
     })
     return request
 
