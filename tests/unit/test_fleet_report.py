@@ -1,5 +1,6 @@
 """The fleet report: services planned as the role plans them, the filter's model and both templates on fake
-results, where the report may go, then playbooks/fleet_report.yml for real over a small simulated fleet."""
+results, where the report may go, and how host text is made one line (playbooks/fleet_report.yml for real:
+tests/integration/test_fleet_report_processes.py)."""
 
 import os
 
@@ -178,23 +179,7 @@ def test_the_report_goes_to_the_current_or_given_directory_never_into_an_install
         report_filter().numa_fleet_report_dir("")
 
 
-# --- the playbook, for real ------------------------------------------------------------------------
-
-
-def one_line_by_character(text, limit):
-    """host_results.one_line's rule spelled out one character at a time: every kind of space one space,
-    every control, format, surrogate, private or unassigned character its escape, runs of spaces one."""
-    import unicodedata
-
-    shown = []
-    for char in text[:limit]:
-        if char.isspace():
-            shown.append(" ")
-        elif unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
-            shown.append("\\x%02x" % ord(char) if ord(char) < 0x100 else "\\u%04x" % ord(char))
-        else:
-            shown.append(char)
-    return " ".join("".join(shown).split()) + ("..." if len(text) > limit else "")
+# --- the report's text checks -------------------------------------------------------------------------
 
 
 @settings(max_examples=300, deadline=None)
@@ -203,4 +188,6 @@ def one_line_by_character(text, limit):
 def test_one_line_takes_printable_text_as_it_is_and_escapes_the_rest_character_by_character(text, limit):
     from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
 
-    assert host_results.one_line(text, limit) == one_line_by_character(text, limit)
+    every_character = " ".join(host_results.escaped(text[:limit]).split()) + ("..." if len(text) > limit else "")
+    assert host_results.one_line(text, limit) == every_character
+    assert host_results.escaped("a\tb\x1b\u202e") == "a b\\x1b\\u202e"
