@@ -23,7 +23,7 @@ def test_a_boolean_given_as_text_comes_back_a_boolean(given, wanted):
 def test_a_number_given_as_text_comes_back_a_number_and_unset_ones_take_the_spec_default():
     settings, problems = preflight.check_settings({"numa_host_metrics_period_seconds": "120"})
     assert problems == [] and settings["numa_host_metrics_period_seconds"] == 120
-    assert settings["numa_host_balancing"] == "disabled" and settings["inference_service_list"] == []
+    assert settings["numa_host_balancing"] == "auto" and settings["inference_service_list"] == []
 
 
 def test_a_templated_default_is_left_to_the_role_to_render():
@@ -35,7 +35,7 @@ def test_every_bad_variable_is_named_at_once_with_its_fix():
     _, problems = preflight.check_settings({"numa_host_metrics_period_seconds": 5, "numa_host_metrics": "maybe",
                                             "numa_host_balancing": "off"}, unknown=["numa_host_metricz"])
     assert problems == [
-        "numa_host_balancing: 'off' is not one of its choices; use one of: disabled, enabled, tiering, keep",
+        "numa_host_balancing: 'off' is not one of its choices; use one of: auto, disabled, enabled, tiering, keep",
         problems[1],
         "numa_host_metrics_period_seconds: 5 is out of range; give a value from 10 to 86400",
         "numa_host_metricz: no such key; did you mean numa_host_metrics?",
