@@ -8,8 +8,8 @@ and plans its services (one llama instance per node with CPUs) with numa_metrics
 For each forks/strategy pair it times `ansible all -m ping` over the same inventory and forks, then
 `ansible-playbook playbooks/fleet_report.yml`, and prints wall seconds and controller CPU seconds (this
 process's children: with the local connection the modules run here too) per host, and their ratio
-(goal: fleet report <= 1.5x ping), medians of --rounds alternated runs after one untimed run of each. The last run's report is left in
---out.
+(goal: fleet report <= 1.5x ping), medians of --rounds alternated runs after one untimed run of each. The
+last run's report is left in --out.
 """
 
 import argparse

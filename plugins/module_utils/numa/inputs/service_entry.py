@@ -57,9 +57,9 @@ def _socket_anchors(topology: Mapping[str, Any], with_cpus: List[int]) -> List[i
     return anchors
 
 
-def _instance_count(layout: str, cpu_nodes: int, gpus: int, per_instance: Any) -> int:
+def _instance_count(layout: str, anchors: int, gpus: int, per_instance: Any) -> int:
     if layout in ("per_node", "per_socket"):
-        return cpu_nodes
+        return anchors
     if layout == "per_gpu":
         return gpus
     if layout == "gpu_groups":
