@@ -216,6 +216,15 @@ class _Hints(_Record):
         """anchor first, then by SLIT distance from it, ties by lowest id."""
         return sorted(nodes, key=lambda node: (node != anchor, self.distance(anchor, node), node))
 
+    def own_package_first(self, anchor: int, nodes: List[int]) -> List[int]:
+        """``nodes`` sharing a package with the candidate ``anchor`` first, then the others, each nearest_first. A
+        sub-NUMA socket (SNC, NPS) spills within itself first: SLIT alone can rank the other socket's sub-node
+        nearer."""
+        home = set(self.candidates[anchor].packages)
+        nearest = self.nearest_first(anchor, nodes)
+        return ([node for node in nearest if home & set(self.candidates[node].packages)]
+                + [node for node in nearest if not home & set(self.candidates[node].packages)])
+
     def memory_of(self, nodes: List[int]) -> List[int]:
         """The memory nodes serving the candidate nodes ``nodes``, in their order, each once."""
         result = []  # type: List[int]
@@ -699,13 +708,10 @@ def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State,
 
 def _minimal_fit(hints: _Hints, anchor: int, base: List[int], state: _State,
                  required: int) -> Optional[List[int]]:
-    """The shortest run of usable nodes whose free memory fits: base first, then the anchor's package's other
-    nodes, then the other packages', each nearest by SLIT first (ties by lowest id). A sub-NUMA socket (SNC,
-    NPS) spills within itself first: SLIT alone can rank a sub-node of the other socket nearer."""
-    home = set(hints.candidates[anchor].packages)
+    """The shortest run of usable nodes whose free memory fits: base first, then the others, the anchor's
+    package's before the rest (own_package_first)."""
     others = [node for node in hints.candidates if node not in base]
-    order = base + sorted(others, key=lambda node: (not home & set(hints.candidates[node].packages),
-                                                    hints.distance(anchor, node), node))
+    order = base + hints.own_package_first(anchor, others)
     for length in range(len(base), len(order) + 1):
         if _free(hints, state, order[:length]) >= required:
             return order[:length]
