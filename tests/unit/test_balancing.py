@@ -638,6 +638,7 @@ def tiered(host, tiers):
     ({}, "disabled"),                            # no memory tiering at all (before 6.1, or no NUMA)
     ({4: "0-1"}, "disabled"),                    # one tier: DRAM only
     ({4: "0-1", 22: ""}, "disabled"),            # a slower tier without nodes
+    ({2: "", 4: "0-1"}, "disabled"),             # a faster tier without nodes: DRAM is still the only one
     ({4: "0-1", 22: "2"}, "tiering"),            # DRAM and a CXL expander
     ({22: "2-3", 4: "0-1", 30: "4"}, "tiering"),  # tiers listed out of order
 ])

@@ -207,7 +207,8 @@ def choose_state(requested: str, tiers: List[Dict[str, Any]]) -> StateChoice:
     ``disabled`` would stop too. Any other host gets ``disabled``, what NUMA-bound services want. Memory tiers
     came in Linux 6.1, after mode 2 (5.18), so a kernel that shows them has the mode. ``disabled`` asked for on a
     tiered host is written, with a warning that promotion stops."""
-    slower = sorted(node for tier in sorted(tiers, key=lambda tier: tier["id"])[1:] for node in tier["nodes"])
+    holding = [tier for tier in tiers if tier["nodes"]]  # an empty tier (a captured tree's) ranks no node
+    slower = sorted(node for tier in holding[1:] for node in tier["nodes"])
     if requested == "auto" and slower:
         return StateChoice("tiering", ["state auto: memory tiers, node(s) %s slower: tiering (mode 2) promotes their "
                                        "hot pages without balancing across sockets" % format_cpulist(slower)], [])
