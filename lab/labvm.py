@@ -6,8 +6,8 @@ kernel inside QEMU, whose NUMA topology (SRAT/SLIT, a PCI expander on node 1) th
 guest kernel reads exactly like hardware.
 
     labvm.py image                          build (once) the cached guest image, print its dir
-    labvm.py up --name N [--numa 2|1]       boot (or reuse) guest N, print its connection JSON
-    labvm.py relayout --name N --numa 1|2   power guest N off and boot its same disk with another topology
+    labvm.py up --name N [--numa 2|1|5]     boot (or reuse) guest N, print its connection JSON
+    labvm.py relayout --name N --numa 1|2|5 power guest N off and boot its same disk with another topology
     labvm.py info N                         print running guest N's connection JSON (ports, share dir)
     labvm.py budget N SECONDS               a wait budget: SECONDS as measured on the reference machine,
                                             scaled by guest N's calibration, times a safety margin
@@ -51,11 +51,14 @@ from typing import Callable, Dict, Iterator, List, Optional, Union
 
 RECIPE_VERSION = 1
 SUITE = "bookworm"
+# Weighted interleave (MPOL_WEIGHTED_INTERLEAVE and its sysfs weights) came in Linux 6.9; bookworm
+# ships 6.1, its backports 6.12.
+KERNEL_PACKAGE = "linux-image-amd64/bookworm-backports"
 VARIANT = "minbase"
 # numactl and hwloc are deliberately absent: the collection must place processes
 # without them (numa-pin does the syscalls itself).
 PACKAGES = [
-    "linux-image-amd64", "systemd-sysv", "openssh-server", "python3", "iproute2",
+    KERNEL_PACKAGE, "systemd-sysv", "openssh-server", "python3", "iproute2",
     "ifupdown", "isc-dhcp-client", "udev", "kmod", "procps", "libgomp1", "curl",
     "ca-certificates",
     # Serves numa-pin metrics' textfile on :9100 (numa_host_node_exporter: true in converge.yml).
@@ -64,6 +67,7 @@ PACKAGES = [
 MIRRORS = [
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian bookworm-backports main",
     "deb http://deb.debian.org/debian-security bookworm-security main",
 ]
 DISK_SIZE = "3G"
@@ -408,6 +412,48 @@ def _accel() -> str:
     return accel
 
 
+NUMA_SHAPES = (1, 2, 5)
+# numa=5, sub-NUMA clustering as on an SNC2 Xeon or NPS2 EPYC: node N holds CPU N (nodes 0-1 in socket 0, 2-3 in
+# socket 1), node 4 is memory without CPUs (a CXL expander) attached to socket 0. MiB per node:
+SUB_NUMA_MIB = (640, 640, 640, 640, 512)
+# SLIT: 12 between a socket's two halves, 21 across sockets, the expander 17 from its socket and 28 from the other.
+SUB_NUMA_DISTANCES = {(0, 1): 12, (2, 3): 12, (0, 2): 21, (0, 3): 21, (1, 2): 21, (1, 3): 21,
+                      (0, 4): 17, (1, 4): 17, (2, 4): 28, (3, 4): 28}
+# HMAT per (initiator, target): access latency in ns and bandwidth in MB/s. The expander gives half a DRAM node's
+# bandwidth from its socket, so weights from HMAT are 2 for every DRAM node and 1 for it.
+SUB_NUMA_LOCAL = (100, 20000)
+SUB_NUMA_SIBLING = (110, 18000)
+SUB_NUMA_REMOTE = (200, 9000)
+SUB_NUMA_EXPANDER = {"near": (250, 10000), "far": (350, 5000)}
+
+
+def _sub_numa_perf(initiator: int, target: int) -> tuple:
+    if target == 4:
+        return SUB_NUMA_EXPANDER["near" if initiator in (0, 1) else "far"]
+    if initiator == target:
+        return SUB_NUMA_LOCAL
+    return SUB_NUMA_SIBLING if initiator // 2 == target // 2 else SUB_NUMA_REMOTE
+
+
+def sub_numa_argv() -> List[str]:
+    """QEMU's nodes, SLIT and HMAT for numa=5 (HMAT wants every node's initiator, the expander's is node 0)."""
+    argv = []  # type: List[str]
+    for node, mib in enumerate(SUB_NUMA_MIB):
+        argv += ["-object", "memory-backend-ram,size=%dM,id=m%d" % (mib, node)]
+        where = "initiator=0" if node == 4 else "cpus=%d,initiator=%d" % (node, node)
+        argv += ["-numa", "node,nodeid=%d,memdev=m%d,%s" % (node, node, where)]
+    for (source, target), distance in sorted(SUB_NUMA_DISTANCES.items()):
+        argv += ["-numa", "dist,src=%d,dst=%d,val=%d" % (source, target, distance)]
+    for initiator in range(4):
+        for target in range(5):
+            latency, bandwidth = _sub_numa_perf(initiator, target)
+            argv += ["-numa", "hmat-lb,initiator=%d,target=%d,hierarchy=memory,data-type=access-latency,"
+                              "latency=%d" % (initiator, target, latency),
+                     "-numa", "hmat-lb,initiator=%d,target=%d,hierarchy=memory,data-type=access-bandwidth,"
+                              "bandwidth=%dM" % (initiator, target, bandwidth)]
+    return argv
+
+
 def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg") -> List[str]:
     """The QEMU command line: 4 vCPUs as 2 sockets x 2 cores, two display devices (the lab's GPUs).
 
@@ -415,14 +461,19 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
     expander on each node (guest addresses 0000:41:00.0 on node 0, 0000:81:00.0 on
     node 1), so a 2-GPU instance spans both nodes. numa=1: no NUMA tables, both
     displays on the root complex, so the guest reports their numa_node as -1.
+    numa=5: SUB_NUMA_SHAPE, each socket split in two and a memory-only node, with HMAT.
     """
-    if numa not in (1, 2):
-        raise LabError("--numa %r: the lab supports 1 or 2 nodes" % numa)
+    if numa not in NUMA_SHAPES:
+        raise LabError("--numa %r: the lab supports %s nodes" % (numa, " or ".join(map(str, NUMA_SHAPES))))
     cpu = "host" if accel == "kvm" else "max"
     argv = ["qemu-system-x86_64", "-name", state.name,
-            "-machine", "q35,accel=" + accel, "-cpu", cpu, "-m", "2G",
+            "-machine", "q35,accel=" + accel + (",hmat=on" if numa == 5 else ""), "-cpu", cpu,
+            "-m", "%dM" % sum(SUB_NUMA_MIB) if numa == 5 else "2G",
             "-smp", "4,sockets=2,cores=2,threads=1"]
-    if numa == 2:
+    if numa == 5:
+        argv += sub_numa_argv()
+        argv += ["-device", "bochs-display,bus=pcie.0", "-device", "bochs-display,bus=pcie.0"]
+    elif numa == 2:
         argv += [
             "-object", "memory-backend-ram,size=1G,id=m0",
             "-object", "memory-backend-ram,size=1G,id=m1",
@@ -815,13 +866,13 @@ def _parser() -> argparse.ArgumentParser:
                          help="also delete cached images of older recipes")
     p_up = sub.add_parser("up", help="boot or reuse a guest, print connection JSON")
     p_up.add_argument("--name", required=True)
-    p_up.add_argument("--numa", type=int, choices=(1, 2), default=2)
+    p_up.add_argument("--numa", type=int, choices=NUMA_SHAPES, default=2)
     p_up.add_argument("--ssh-port", default="auto", help="host port for SSH, or 'auto'")
     p_up.add_argument("--timeout", type=float, default=BOOT_TIMEOUT)
     p_up.add_argument("--json-out", help="also write the connection JSON to this file")
     p_relayout = sub.add_parser("relayout", help="boot a guest's same disk with another NUMA topology")
     p_relayout.add_argument("--name", required=True)
-    p_relayout.add_argument("--numa", type=int, choices=(1, 2), required=True)
+    p_relayout.add_argument("--numa", type=int, choices=NUMA_SHAPES, required=True)
     p_relayout.add_argument("--timeout", type=float, default=BOOT_TIMEOUT)
     p_budget = sub.add_parser("budget", help="seconds to wait for a step that took SECONDS on the "
                                              "reference machine, scaled by the guest's calibration")

@@ -21,7 +21,8 @@ description:
   - Samples the kernel's per-node allocation counters (numastat, /proc/vmstat) over O(window_seconds) for the share of
     remote allocations; for a service given by O(pids) or O(unit) also the share of its pages off its plan's nodes
     (as M(inferops.numa.numa_audit) reads them) and, where C(perf) can count them, its remote loads.
-  - Changes nothing on the host; the measuring children are always reaped. Check mode runs the same measurement.
+  - Changes nothing on the host unless O(record) is set; the measuring children are always reaped. Check mode runs the
+    same measurement.
   - The latency method (Python chase minus its own per-step cost) is explained in the collection's C(docs/cost.md),
     with its agreement to a C pointer chase.
 author:
@@ -85,10 +86,17 @@ options:
       - The service's plan (the C(plan) returned by M(inferops.numa.numa_plan)); its C(mem_nodes) are the nodes the
         service's pages should be on. Without it, pages are reported per node without a share.
     type: dict
+  record:
+    description:
+      - Keep the measured matrices on the host, in C(/var/lib/inferops-numa/cost.json) (written whole or not at all,
+        never through a link), where M(inferops.numa.numa_weights) takes the weighted-interleave weights from.
+      - The module then reports C(changed). Check mode measures but records nothing.
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
-    details: The measurement changes nothing, so check mode runs it as well.
+    details: Check mode runs the same measurement and records nothing.
   diff_mode:
     support: none
   platform:
@@ -310,12 +318,17 @@ elapsed_seconds:
   returned: always
   type: float
   sample: 13.2
+recorded:
+  description: The file the measurement was kept in.
+  returned: when O(record) is set, not in check mode
+  type: str
+  sample: /var/lib/inferops-numa/cost.json
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.cost import (
-    DEFAULT_CHASE_STEPS, DEFAULT_MAX_SECONDS, DEFAULT_REPEATS, DEFAULT_ROUNDS, CostOptions, run)
+    DEFAULT_CHASE_STEPS, DEFAULT_MAX_SECONDS, DEFAULT_REPEATS, DEFAULT_ROUNDS, CostOptions, record, run)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 ARGUMENT_SPEC = {
@@ -329,6 +342,7 @@ ARGUMENT_SPEC = {
     "pids": {"type": "list", "elements": "int"},
     "unit": {"type": "str"},
     "plan": {"type": "dict"},
+    "record": {"type": "bool", "default": False},
 }
 
 
@@ -341,9 +355,11 @@ def main() -> None:
                               chase_steps=params["chase_steps"], repeats=params["repeats"],
                               max_seconds=params["max_seconds"], rounds=params["rounds"])
         result = run(options, params["window_seconds"], params["pids"], params["unit"], params["plan"])
+        if params["record"] and not module.check_mode:
+            result["recorded"] = record(result)
     except NumaError as exc:
         module.fail_json(msg=str(exc))
-    module.exit_json(changed=False, **result)
+    module.exit_json(changed=bool(result.get("recorded")), **result)
 
 
 if __name__ == "__main__":

@@ -71,7 +71,7 @@ options:
   policy:
     description: Memory policy; C(auto) binds when the model fits one node.
     type: str
-    choices: [auto, bind, preferred, interleave]
+    choices: [auto, bind, preferred, interleave, weighted_interleave]
     default: auto
   on_unfit:
     description: What to do when the model does not fit one node.

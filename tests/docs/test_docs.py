@@ -16,7 +16,7 @@ from ansible.release import __version__ as ANSIBLE_VERSION
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
 from ansible_collections.inferops.numa.plugins.modules import (
-    numa_audit, numa_balancing, numa_cost, numa_facts, numa_plan)
+    numa_audit, numa_balancing, numa_cost, numa_facts, numa_plan, numa_weights)
 
 from tests.ansible_compat import patch_module_args
 from tests.fixtures import sysfs
@@ -40,7 +40,7 @@ print(json.dumps({name: [[p.name, p.default is inspect.Parameter.empty, None if 
 FILTERS = json.loads(subprocess.run([sys.executable, "-c", SIGNATURES_SCRIPT, os.path.join(REPO, "build")],
                                     stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout)
 MODULES = {"numa_audit": numa_audit, "numa_balancing": numa_balancing, "numa_cost": numa_cost,
-           "numa_facts": numa_facts, "numa_plan": numa_plan}
+           "numa_facts": numa_facts, "numa_plan": numa_plan, "numa_weights": numa_weights}
 
 
 def _filter_doc(name):
@@ -231,7 +231,17 @@ def test_numa_cost_returns_what_it_documents(capsys, monkeypatch):
         return measure(test_cost_engine.two_nodes(), options, runner=runner, rng=random.Random(1), progress=progress)
     monkeypatch.setattr(cost, "measure", two_node_measure)
     result = _common(_run_module(numa_cost, {"buffer_mb": 1, "window_seconds": 0.1}, capsys))
-    assert _keys(result, _returns(numa_cost)) == _documented(_returns(numa_cost))
+    assert _keys(result, _returns(numa_cost)) == _documented(_returns(numa_cost)) - {"recorded"}
+    monkeypatch.setattr(numa_cost, "record", lambda result: "/var/lib/inferops-numa/cost.json")
+    result = _run_module(numa_cost, {"buffer_mb": 1, "window_seconds": 0.1, "record": True}, capsys)
+    assert result["changed"] and _keys(_common(result), _returns(numa_cost)) == _documented(_returns(numa_cost))
+
+
+def test_numa_weights_returns_what_it_documents(tmp_path, capsys):
+    root = sysfs.snc2_cxl().write(str(tmp_path / "root"))
+    result = _run_module(numa_weights, {"root": root, "record_dir": str(tmp_path / "none")}, capsys)
+    assert result["changed"] and result["source"] == "hmat"
+    assert _keys(_common(result), _returns(numa_weights)) == _documented(_returns(numa_weights))
 
 
 # --- roles --------------------------------------------------------------------------------------------

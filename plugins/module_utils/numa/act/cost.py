@@ -40,7 +40,8 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..read import audit, numastat, topology
-from ..system import kernel
+from ..decide.weights import topology_signature
+from ..system import kernel, safe_fs, trusted_files
 from ..base.cpulist import parse_cpulist
 from ..base.errors import NumaError, shown
 from ..base.sizes import format_size
@@ -701,11 +702,31 @@ def run(options: Optional[CostOptions] = None, window_seconds: float = 1.0, pids
     return result
 
 
-def topology_signature(facts: Dict[str, Any]) -> str:
-    """What makes two hosts the same NUMA type: per node its CPU count and whether it has
-    memory, and the SLIT matrix. Memory sizes are left out: firmware reservations make them
-    differ by a few MiB between identical machines."""
-    nodes = ["node%d:%dcpu%s" % (node["id"], len(node.get("cpus") or []), "" if node.get("has_memory") else ":nomem")
-             for node in facts.get("nodes", [])]
-    slit = "/".join(",".join(str(cell) for cell in row) for row in facts.get("distances") or [])
-    return "%s slit=%s" % (" ".join(nodes), slit or "unknown")
+# The last measurement numa_cost recorded on this host (record: true), which numa_weights turns into weights.
+RECORD_DIR = "/var/lib/inferops-numa"
+RECORD_NAME = "cost.json"
+_RECORDED = ("nodes", "bandwidth_gbps", "latency_ns", "topology_signature", "elapsed_seconds")
+
+
+def record(result: Dict[str, Any], state_dir: str = RECORD_DIR) -> str:
+    """Keep the matrices of ``result`` (and its topology's signature) in ``state_dir``; the file's path."""
+    kept = {key: result.get(key) for key in _RECORDED}
+    kept["recorded_at"] = int(time.time())
+    return trusted_files.write_atomically(state_dir, RECORD_NAME, json.dumps(kept, sort_keys=True) + "\n",
+                                          "state directory")
+
+
+def read_record(state_dir: str = RECORD_DIR) -> Optional[Dict[str, Any]]:
+    """The recorded measurement, None when there is none; NumaError when it cannot be trusted."""
+    fix = "remove it, or run numa_cost with record: true again"
+    try:
+        directory = trusted_files.open_checked_directory(state_dir, "state directory", safe_fs.PRIVATE_DIR)
+    except FileNotFoundError:
+        return None
+    try:
+        value, _mtime = trusted_files.read_trusted_json(directory, RECORD_NAME, os.path.join(state_dir, RECORD_NAME), fix)
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(directory)
+    return value

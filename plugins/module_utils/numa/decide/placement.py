@@ -195,11 +195,12 @@ class _Node(_Record):
 
 
 class _Hints(_Record):
-    __slots__ = ("topology", "node_ids", "candidates", "available", "excluded", "distances", "far", "core_of",
-                 "gpus", "nics", "reasons")
+    __slots__ = ("topology", "node_ids", "candidates", "far_memory", "available", "excluded", "distances", "far",
+                 "core_of", "gpus", "nics", "reasons")
     topology: Dict[str, Any]
     node_ids: List[int]                  # every node of the topology, sorted
     candidates: Dict[int, _Node]         # usable nodes by id
+    far_memory: Dict[int, Optional[int]]  # memory-only far nodes (CXL, HBM) serving no candidate -> home package
     available: Dict[int, int]            # bytes available on each node serving a candidate's memory
     excluded: Dict[int, str]             # node id -> why it is not usable
     distances: Dict[Tuple[int, int], int]
@@ -225,11 +226,28 @@ class _Hints(_Record):
         return ([node for node in nearest if home & set(self.candidates[node].packages)]
                 + [node for node in nearest if not home & set(self.candidates[node].packages)])
 
+    def spill_order(self, anchor: int, base: List[int]) -> List[int]:
+        """``base``, then the other candidates own_package_first, each far-memory node right after the last
+        candidate of its home package: an instance that outgrows its DRAM takes its own socket's expander before
+        the other socket, and never far memory alone."""
+        order = base + self.own_package_first(anchor, [node for node in self.candidates if node not in base])
+        for memory in self.nearest_first(anchor, list(self.far_memory)):
+            package = self.far_memory[memory]
+            homes = [index for index, node in enumerate(order)
+                     if node in self.candidates and package in self.candidates[node].packages]
+            order.insert(max(homes[-1] + 1, len(base)) if homes else len(order), memory)
+        return order
+
+    def cpu_nodes(self, nodes: List[int]) -> List[int]:
+        return [node for node in nodes if node in self.candidates]
+
     def memory_of(self, nodes: List[int]) -> List[int]:
-        """The memory nodes serving the candidate nodes ``nodes``, in their order, each once."""
+        """The memory nodes serving ``nodes`` (candidates, or far-memory nodes serving themselves), in their order,
+        each once."""
         result = []  # type: List[int]
         for node in nodes:
-            result.extend(memory for memory in self.candidates[node].memory if memory not in result)
+            memory = self.candidates[node].memory if node in self.candidates else (node,)
+            result.extend(serving for serving in memory if serving not in result)
         return result
 
 
@@ -256,11 +274,12 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
                 id=node["id"], cpus=usable, memory=memory, memory_from=node.get("memory_from"),
                 total=sum(_kb_bytes(by_id[serving], "memory_total_kb") for serving in memory),
                 packages=tuple(sorted(node.get("packages") or [])))
+    far_memory = _far_memory(nodes, candidates, mems_allowed)
     available = {serving: _kb_bytes(by_id[serving], "memory_available_kb")
-                 for node in candidates.values() for serving in node.memory}
+                 for serving in [memory for node in candidates.values() for memory in node.memory] + list(far_memory)}
     distances = _distance_table(topology, nodes)
     hints = _Hints(topology=topology, node_ids=[node["id"] for node in nodes], candidates=candidates,
-                   available=available, excluded=excluded, distances=distances,
+                   far_memory=far_memory, available=available, excluded=excluded, distances=distances,
                    far=max(distances.values(), default=REMOTE_DISTANCE), core_of=_sibling_groups(cpus_info),
                    gpus=sorted(topology.get("gpus") or [], key=lambda gpu: gpu["address"]),
                    nics=list(topology.get("nics") or []),
@@ -280,6 +299,17 @@ def _node_records(topology: Dict[str, Any]) -> List[Dict[str, Any]]:
             raise PlacementError("topology node %s has no integer id: plan on the numa facts as numa_facts "
                                  "reads them" % shown(node))
     return sorted(nodes, key=lambda node: node["id"])
+
+
+def _far_memory(nodes: List[Dict[str, Any]], candidates: Dict[int, _Node],
+                mems_allowed: Optional[set]) -> Dict[int, Optional[int]]:
+    """Memory-only nodes of far memory (facts' memory_class ``far``: CXL, HBM, PMEM) that serve no candidate and the
+    cpuset allows, with their home package: the slower tier an oversized instance spills to after DRAM. A GPU's
+    memory node is not one: no engine recipe asks for host allocations there."""
+    serving = {memory for node in candidates.values() for memory in node.memory}
+    return {node["id"]: node.get("home_package") for node in nodes
+            if node.get("memory_class") == "far" and node["id"] not in serving and node.get("has_memory")
+            and (mems_allowed is None or node["id"] in mems_allowed)}
 
 
 def _is_number(value: Any) -> bool:
@@ -679,7 +709,7 @@ def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State,
         return _interleave(hints, anchor, base, state, [
             "%s fits %s (%s available): interleaving over the GPUs' nodes" % (
                 _need(request), _nodes_text(base), format_size(_free(hints, state, base)))])
-    if base_fits and request.policy != "interleave":
+    if base_fits and request.policy not in INTERLEAVING:
         return _memory(hints, "bind", anchor, base, state, [
             "%s fits %s (%s available): binding" % (_need(request), _nodes_text(base),
                                                     format_size(_free(hints, state, base)))])
@@ -690,10 +720,10 @@ def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State,
                              "memory_headroom, or leave model_size unset to skip the fit check" % (
                                  _need(request), format_cpulist(pool),
                                  format_size(_free(hints, state, pool)), required))
-    if request.policy == "interleave":
+    if request.policy in INTERLEAVING:
         return _interleave(hints, anchor, fitting, state, [
-            "interleave requested: %s fits interleaved over %s, the fewest nodes nearest to node %d"
-            % (_need(request), _nodes_text(fitting), anchor)])
+            "%s requested: %s fits interleaved over %s, the fewest nodes nearest to node %d"
+            % (request.policy, _need(request), _nodes_text(fitting), anchor)], request.policy)
     if request.on_unfit == "fail":
         raise PlacementError("%s does not fit %s (%s available; %d bytes needed) and on_unfit is 'fail': "
                              "set on_unfit to 'interleave' to spread it over nodes %s, free memory, or "
@@ -708,10 +738,8 @@ def _place_memory(hints: _Hints, request: Request, anchor: int, state: _State,
 
 def _minimal_fit(hints: _Hints, anchor: int, base: List[int], state: _State,
                  required: int) -> Optional[List[int]]:
-    """The shortest run of usable nodes whose free memory fits: base first, then the others, the anchor's
-    package's before the rest (own_package_first)."""
-    others = [node for node in hints.candidates if node not in base]
-    order = base + hints.own_package_first(anchor, others)
+    """The shortest run of usable nodes whose free memory fits: base first, then the others (spill_order)."""
+    order = hints.spill_order(anchor, base)
     for length in range(len(base), len(order) + 1):
         if _free(hints, state, order[:length]) >= required:
             return order[:length]
@@ -738,39 +766,55 @@ def _unsized(hints: _Hints, request: Request, anchor: int, base: List[int], stat
     if spanning and request.policy != "bind":
         return _interleave(hints, anchor, base, state, [
             "model size unknown: interleaving over the GPUs' nodes %s" % format_cpulist(base)])
-    if request.policy == "interleave":
+    if request.policy in INTERLEAVING:
         package = _package_nodes(hints, anchor)
         return _interleave(hints, anchor, package, state, [
             "model size unknown: interleaving over the usable nodes of node %d's package (%s)"
-            % (anchor, format_cpulist(package))])
+            % (anchor, format_cpulist(package))], request.policy)
     return _memory(hints, "bind", anchor, base, state, [
         "model size unknown: binding to %s without a fit check" % _nodes_text(base)])
 
 
-def _interleave(hints: _Hints, anchor: int, nodes: List[int], state: _State, reasons: List[str]) -> _Placement:
+def _interleave(hints: _Hints, anchor: int, nodes: List[int], state: _State, reasons: List[str],
+                asked: str = "auto") -> _Placement:
+    """Interleave over the memory of ``nodes``: weighted where the kernel has weights and they differ, or where
+    ``asked`` is weighted_interleave and the kernel has the policy (Linux 6.9+)."""
     weights = (hints.topology.get("kernel") or {}).get("weighted_interleave")
     memory = hints.memory_of(nodes)
-    known = {}
-    if isinstance(weights, dict):
-        known = {node: weights[str(node)] for node in memory if str(node) in weights}
-    if len(memory) > 1 and len(set(known.values())) > 1:
-        reasons = reasons + ["kernel interleave weights differ (%s): using weighted interleave" % ", ".join(
-            "node %d: %s" % (node, known[node]) for node in sorted(known))]
-        return _memory(hints, "weighted-interleave", anchor, nodes, state, reasons)
+    known = {node: weights[str(node)] for node in memory if str(node) in weights} if isinstance(weights, dict) else {}
+    shown = ", ".join("node %d: %s" % (node, known[node]) for node in sorted(known))
+    if asked == "weighted_interleave" and isinstance(weights, dict):
+        return _memory(hints, "weighted-interleave", anchor, nodes, state,
+                       reasons + ["weighted interleave, by the kernel's weights (%s)" % (shown or "none set")])
+    if asked == "weighted_interleave":
+        reasons = reasons + ["this kernel has no weighted interleave (Linux 6.9+): plain interleave, equal pages on "
+                             "each node"]
+    elif len(memory) > 1 and len(set(known.values())) > 1:
+        return _memory(hints, "weighted-interleave", anchor, nodes, state,
+                       reasons + ["kernel interleave weights differ (%s): using weighted interleave" % shown])
+    far = [node for node in memory if node in hints.far_memory]
+    if far:
+        reasons = reasons + ["node(s) %s are far memory, slower than DRAM, yet get as many pages: give the kernel "
+                             "weights by bandwidth (numa_host_interleave_weights) for weighted interleave"
+                             % format_cpulist(far)]
     return _memory(hints, "interleave", anchor, nodes, state, reasons)
+
+
+# The request policies that interleave (weighted or not).
+INTERLEAVING = ("interleave", "weighted_interleave")
 
 
 def _memory(hints: _Hints, policy: str, anchor: int, nodes: List[int], state: _State,
             reasons: List[str]) -> _Placement:
     """The placement of ``policy`` on the CPUs of ``nodes`` and the memory serving them."""
-    return _Placement(anchor=anchor, policy=policy, mem_nodes=hints.memory_of(nodes), cpu_nodes=list(nodes),
+    return _Placement(anchor=anchor, policy=policy, mem_nodes=hints.memory_of(nodes), cpu_nodes=hints.cpu_nodes(nodes),
                       gpus=[], available=_free(hints, state, nodes), reasons=_served_by(hints, nodes) + reasons)
 
 
 def _served_by(hints: _Hints, nodes: List[int]) -> List[str]:
     """A reason for each of ``nodes`` whose CPUs use other nodes' memory (a node without its own)."""
     reasons = []
-    for node in nodes:
+    for node in hints.cpu_nodes(nodes):
         info = hints.candidates[node]
         if info.memory != (node,):
             source = {"hmat": "HMAT", "slit": "nearest by SLIT"}.get(info.memory_from or "", "the facts")

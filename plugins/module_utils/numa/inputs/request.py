@@ -81,8 +81,9 @@ OPTIONS = (
     Option("scope", "str", "place on one NUMA node or a whole socket", default="node", choices=("node", "socket")),
     Option("instances", "int", "how many instances of this service run on the host", default=1),
     Option("instance", "int", "which one this is, 0-based", default=0),
-    Option("policy", "str", "memory policy; auto binds when the model fits one node", default="auto",
-           choices=("auto", "bind", "preferred", "interleave")),
+    Option("policy", "str", "memory policy; auto binds when the model fits one node, interleaves (weighted where the "
+                            "kernel's weights differ) when it does not", default="auto",
+           choices=("auto", "bind", "preferred", "interleave", "weighted_interleave")),
     Option("on_unfit", "str", "what to do when the model fits no single node", default="interleave",
            choices=("interleave", "fail")),
     Option("page_cache", "str", "model pages cached on a remote node: drop them so the server re-reads them "

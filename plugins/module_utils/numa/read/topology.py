@@ -195,6 +195,8 @@ def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
         node["gpus"] = [gpu["address"] for gpu in pci["gpus"] if gpu["numa_node"] == node["id"]]
         node["gpu_memory_of"] = [gpu["address"] for gpu in pci["gpus"] if gpu["memory_node"] == node["id"]]
     _attach_memory_nodes(reader, nodes)
+    for node in nodes:
+        node["hmat"] = None if reader.plan_only or not node["has_memory"] else _hmat_performance(reader, node["id"])
     _attach_kinds(nodes)
     cpus["packages"] = _packages(cpus["_package_of"], nodes)
     for private in ("_online", "_package_of"):
@@ -283,6 +285,9 @@ def _cpu_is_online(reader: _Reader, cpu: int) -> bool:
 
 
 def _list_file(reader: _Reader, rel: str) -> str:
+    # Kernels 6.x print "(null)" in nohz_full when booted without nohz_full=: no CPUs.
+    if (reader.text(rel, required=False) or "").strip() == "(null)":
+        return ""
     values = reader.cpus(rel, required=False)
     return format_cpulist(values or [])
 
@@ -587,6 +592,18 @@ def _hmat_memory_nodes(reader: _Reader, initiator: int, with_memory: List[int]) 
         if targets & set(with_memory):
             return sorted(targets & set(with_memory))
     return []
+
+
+# HMAT's figures for a memory node from its best initiators (numaperf: access0/initiators), units as sysfs gives them.
+HMAT_FIGURES = ("read_bandwidth", "write_bandwidth", "read_latency", "write_latency")  # MB/s, MB/s, ns, ns
+
+
+def _hmat_performance(reader: _Reader, node: int) -> Optional[Dict[str, int]]:
+    """What HMAT says node ``node``'s memory delivers to its best initiators; None without HMAT figures."""
+    base = "%s/node%d/access0/initiators" % (NODE_DIR, node)
+    figures = {name: reader.integer("%s/%s" % (base, name), required=False) for name in HMAT_FIGURES}
+    known = {name: value for name, value in figures.items() if value is not None and value > 0}
+    return known or None
 
 
 def _nearest(distances: Dict[str, int], candidates: List[int]) -> List[int]:

@@ -18,9 +18,8 @@ import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import metrics
-from .exposition import write_atomically
 from ..read import audit, systemctl
-from ..system import safe_fs
+from ..system import safe_fs, trusted_files
 from ..base.cpulist import format_cpulist
 from ..base.errors import NumaError, shown
 
@@ -42,11 +41,11 @@ def read_actions(state_dir: str) -> Dict[str, Dict[str, Any]]:
     path = os.path.join(state_dir, STATE_NAME)
     fix = "remove it to start every drift interval again"
     try:
-        fd = metrics.open_checked_directory(state_dir, "state directory", safe_fs.PRIVATE_DIR)
+        fd = trusted_files.open_checked_directory(state_dir, "state directory", safe_fs.PRIVATE_DIR)
     except FileNotFoundError:
         return {}
     try:
-        value, _mtime = metrics.read_trusted_json(fd, STATE_NAME, path, fix)
+        value, _mtime = trusted_files.read_trusted_json(fd, STATE_NAME, path, fix)
     except FileNotFoundError:
         return {}
     finally:
@@ -165,7 +164,7 @@ def _act(entry: Mapping[str, Any], action: str, run: systemctl.CommandRunner, mi
 
 
 def write_actions(state_dir: str, actions: Mapping[str, Any]) -> str:
-    return write_atomically(state_dir, STATE_NAME, json.dumps(actions, indent=1, sort_keys=True) + "\n",
+    return trusted_files.write_atomically(state_dir, STATE_NAME, json.dumps(actions, indent=1, sort_keys=True) + "\n",
                             "state directory", mode=0o600)
 
 

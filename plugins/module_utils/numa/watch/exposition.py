@@ -11,7 +11,7 @@ import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import metrics
-from ..system import safe_fs
+from ..system import safe_fs, trusted_files
 from ..base.errors import NumaError
 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
@@ -152,30 +152,7 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
 # --- files written as root -------------------------------------------------------------------------
 
 
-def open_private_directory(path: str, what: str) -> int:
-    """A descriptor of directory ``path`` (made 0755 if missing), reached from ``/`` one directory at a
-    time without following a link; refused when anyone but root (or this user) owns it or may write it.
-
-    Each step opens a name relative to the descriptor of the directory before it, never through a
-    link, and the last directory is checked through its own descriptor (safe_fs.PRIVATE_DIR); so
-    whoever owns a directory above it cannot swap in another one, and only the last one's owner and
-    mode matter."""
-    return metrics.open_checked_directory(path, what, safe_fs.PRIVATE_DIR, create=True)
-
-
-def write_atomically(directory: str, name: str, text: str, what: str, mode: int = 0o644) -> str:
-    """Write ``directory/name`` whole or not at all (safe_fs.write_atomically): an unpredictable temporary
-    name there (never ``*.prom``, which the collector would read), fsync, rename, fsync the directory. Its path."""
-    fd = open_private_directory(directory, what)
-    try:
-        safe_fs.write_atomically(fd, name, text.encode("utf-8"), mode, ".%s." % name)
-    except OSError as exc:
-        raise NumaError("cannot write %s in the %s %s: %s; check the disk and that root may write there"
-                        % (name, what, directory, exc.strerror)) from None
-    finally:
-        os.close(fd)
-    return os.path.join(directory, name)
 
 
 def write_textfile(directory: str, text: str) -> str:
-    return write_atomically(directory, TEXTFILE_NAME, text, "textfile directory")
+    return trusted_files.write_atomically(directory, TEXTFILE_NAME, text, "textfile directory")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..read import audit, systemctl
 from ..inputs import judging
-from ..system import safe_fs
+from ..system import safe_fs, trusted_files
 from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
 from ..base.errors import NumaError, shown
 
@@ -33,7 +33,6 @@ ON_DRIFT = ("none", "evict", "restart")
 # What a service is held to when the deployment left no audit settings for it: the role's defaults.
 DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
-MAX_JSON_BYTES = 1 << 20
 
 PLAN_SUFFIX = ".plan.json"
 # The A/B gates' verdicts of the last placement change (inference_service/tasks/main.yml writes it).
@@ -126,7 +125,7 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
         path = os.path.join(plan_dir, name)
         try:
             service, index = record_unit(name, plan_dir)
-            written, mtime = read_trusted_json(fd, name, path)
+            written, mtime = trusted_files.read_trusted_json(fd, name, path, REDEPLOY)
             plan = plan_fields(written, path)
             if service not in settings:
                 settings[service] = service_settings(fd, plan_dir, service)
@@ -144,7 +143,7 @@ def ab_gates(plan_fd: int, plan_dir: str, warnings: List[str]) -> Dict[str, Dict
     (None: nothing to compare with); a verdict that is not two such values is left out with a warning."""
     path = os.path.join(plan_dir, AB_GATES)
     try:
-        written, _mtime = read_trusted_json(plan_fd, AB_GATES, path)
+        written, _mtime = trusted_files.read_trusted_json(plan_fd, AB_GATES, path, REDEPLOY)
     except FileNotFoundError:
         return {}
     except NumaError as exc:
@@ -241,7 +240,7 @@ def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any
     name = "%s.audit.json" % service
     path = os.path.join(plan_dir, name)
     try:
-        written, _mtime = read_trusted_json(plan_fd, name, path)
+        written, _mtime = trusted_files.read_trusted_json(plan_fd, name, path, REDEPLOY)
     except FileNotFoundError:
         return dict(DEFAULT_SETTINGS)
     settings = dict(DEFAULT_SETTINGS)
@@ -255,34 +254,6 @@ def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any
                         % (path, ", ".join(ON_DRIFT), REDEPLOY))
     return settings
 
-
-def read_trusted_json(dir_fd: int, name: str, path: str, fix: str = REDEPLOY) -> Tuple[Dict[str, Any], float]:
-    """(a JSON object, its file's mtime) from the regular file ``name`` in the directory ``dir_fd`` (``path``
-    in messages, which end with ``fix``), not through a link, that only root (or this process's user) may
-    write; FileNotFoundError when there is none."""
-    try:
-        fd = os.open(name, safe_fs.READ_FLAGS, dir_fd=dir_fd)
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise NumaError("cannot open %s (%s): it must be a regular file, not a symbolic link; %s"
-                        % (path, exc.strerror, fix)) from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or safe_fs.TRUSTED_FILE.distrust(info, os.geteuid()):
-            raise NumaError("ignoring %s (uid %d, mode %04o): only a regular file that root alone may write is "
-                            "trusted; chown root and chmod go-w it, or %s"
-                            % (path, info.st_uid, stat.S_IMODE(info.st_mode), fix))
-        data = os.read(fd, MAX_JSON_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        value = json.loads(data.decode("utf-8")) if len(data) <= MAX_JSON_BYTES else None
-    except (UnicodeDecodeError, ValueError):
-        value = None
-    if not isinstance(value, dict):
-        raise NumaError("ignoring %s: not a JSON object of at most %d bytes in UTF-8; %s" % (path, MAX_JSON_BYTES, fix))
-    return value, info.st_mtime
 
 
 def _instances(root: str, records: List[Dict[str, Any]], run: systemctl.CommandRunner, page_size: Optional[int],
@@ -360,46 +331,6 @@ def open_record_directory(path: str) -> Optional[int]:
     The records decide which unit root restarts, so no one else may put another directory in its place,
     nor another record."""
     try:
-        return open_checked_directory(path, "plan directory", safe_fs.RECORD_DIR)
+        return trusted_files.open_checked_directory(path, "plan directory", safe_fs.RECORD_DIR)
     except FileNotFoundError:
         return None
-
-
-def open_checked_directory(path: str, what: str, rule: safe_fs.TrustRule, create: bool = False) -> int:
-    """A readable descriptor of the ``what`` directory ``path``, walked by safe_fs under ``rule``; NumaError
-    naming its trust problem, FileNotFoundError when it is missing (and not ``create``)."""
-    if not os.path.isabs(path):
-        raise NumaError("the %s %s is not an absolute path: give the directory's absolute path" % (what, path))
-    try:
-        names = safe_fs.names_of("/", path)
-    except safe_fs.Refused:
-        raise NumaError("the %s %s holds '..': give the directory's own path" % (what, path)) from None
-    try:
-        fd, problem, _owner = safe_fs.open_directory("/", names, rule, create)
-    except FileNotFoundError as exc:
-        if not create:
-            raise
-        raise NumaError("the %s %s was removed while it was being made: run again" % (what, exc.filename)) from None
-    except safe_fs.CreateFailed as exc:
-        raise NumaError("cannot create the %s %s: %s" % (what, exc.filename, exc.strerror)) from None
-    except (safe_fs.Refused, NotADirectoryError) as exc:
-        raise NumaError("refusing the %s %s: it is a symbolic link or not a directory; give a real directory "
-                        "that only root may write" % (what, getattr(exc, "path", exc.filename))) from None
-    except OSError as exc:
-        raise NumaError("cannot open the %s %s: %s" % (what, exc.filename, exc.strerror)) from None
-    if problem:
-        raise NumaError(_directory_problem(problem, problem.path == os.path.join("/", *names), path, what))
-    return fd
-
-
-def _directory_problem(problem: safe_fs.Distrust, last: bool, path: str, what: str) -> str:
-    """Why the directory on the way to the ``what`` ``path`` (or that one, ``last``) is not trusted: anyone
-    but root (or this user) owns it, or its group or others may write it."""
-    subject = "it" if last else "%s above it" % problem.path
-    if problem.why == safe_fs.OWNER:
-        return ("refusing the %s %s: %s is owned by uid %d, who could swap the files root keeps there; chown root "
-                "%s, or give a directory that only root may write"
-                % (what, path, subject, problem.info.st_uid, problem.path))
-    return ("refusing the %s %s: %s (mode %04o) may be written by its group or others, who could swap the files "
-            "root keeps there; chmod go-w %s, or give a directory that only root may write"
-            % (what, path, subject, stat.S_IMODE(problem.info.st_mode), problem.path))

@@ -1,0 +1,162 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: inferops.numa contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: numa_weights
+short_description: Set the kernel's weighted-interleave weights from each memory node's bandwidth
+version_added: "0.4.0"
+description:
+  - Weighted interleave (C(MPOL_WEIGHTED_INTERLEAVE), Linux 6.9) places an instance's pages on its nodes in proportion
+    to the weights in C(/sys/kernel/mm/mempolicy/weighted_interleave/nodeN). This module sets them in proportion to the
+    bandwidth each memory node delivers, so a model interleaved over DRAM and slower memory (a CXL expander, the other
+    socket) keeps every node equally busy.
+  - "The bandwidth comes from, in this order with O(source=auto): the matrix M(inferops.numa.numa_cost) measured and
+    recorded on this host (O(inferops.numa.numa_cost#module:record)) for this same topology; the firmware's HMAT
+    (the lower of read and write bandwidth from each node's best initiators); else the kernel computes the weights
+    from HMAT itself (C(weighted_interleave/auto), Linux 6.16)."
+  - Weights are each node's percent share of the total bandwidth, divided by the shares' greatest common divisor,
+    as the kernel's own C(auto) mode makes them (20 and 10 GB/s give 2 and 1).
+  - With O(persist), a systemd-tmpfiles drop-in C(/etc/tmpfiles.d/60-inferops-numa-weights.conf) writes the same
+    weights at every boot, before any service starts. Nothing is written when the kernel already holds them.
+  - A kernel without weighted interleave changes nothing; the result says so, and the planner then uses plain
+    interleave.
+author:
+  - inferops.numa contributors (@inferops)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - inferops.numa.host_root
+options:
+  source:
+    description:
+      - Where the bandwidth comes from. V(auto) takes the first that has a figure for every memory node and changes
+        nothing when none has (the result says why).
+      - V(measured), V(hmat) or V(kernel) fail when that source has nothing, naming why.
+    type: str
+    default: auto
+    choices: [auto, measured, hmat, kernel]
+  persist:
+    description:
+      - Keep the weights across reboots with the tmpfiles.d drop-in; V(false) removes the collection's drop-in.
+    type: bool
+    default: true
+  record_dir:
+    description:
+      - The directory M(inferops.numa.numa_cost) records its measurement in (C(cost.json)); it must be writable by
+        root only.
+    type: path
+    default: /var/lib/inferops-numa
+attributes:
+  check_mode:
+    support: full
+  diff_mode:
+    support: full
+    details: The drop-in's text and the kernel's weights, before and after.
+  platform:
+    platforms: [linux]
+notes:
+  - The weights are global to the host; they matter only to processes whose memory policy is weighted interleave,
+    which M(inferops.numa.numa_plan) chooses once the weights differ.
+"""
+
+EXAMPLES = r"""
+- name: Weights from the best source this host has
+  inferops.numa.numa_weights:
+
+- name: Measure first, then weigh by what was measured
+  inferops.numa.numa_cost:
+    record: true
+- name: Set the weights from the measurement
+  inferops.numa.numa_weights:
+    source: measured
+"""
+
+RETURN = r"""
+source:
+  description: Where the weights came from (measured, hmat, kernel); null when nothing had a bandwidth.
+  returned: always
+  type: str
+  sample: hmat
+weights:
+  description: The weight of each memory node, by node id; empty when the kernel computes them.
+  returned: always
+  type: dict
+  sample: {"0": 2, "1": 2, "4": 1}
+weights_before:
+  description: The kernel's weights before the run, by node id.
+  returned: always
+  type: dict
+  sample: {"0": 1, "1": 1, "4": 1}
+bandwidth:
+  description: Each memory node's bandwidth the weights were made from (GB/s measured, MB/s from HMAT).
+  returned: always
+  type: dict
+  sample: {"0": 20000, "1": 20000, "4": 10000}
+auto:
+  description: The kernel's C(auto) mode after the run; null when this kernel has none.
+  returned: always
+  type: bool
+  sample: false
+supported:
+  description: Whether this kernel has weighted interleave.
+  returned: always
+  type: bool
+  sample: true
+dropin:
+  description: The tmpfiles.d drop-in's path.
+  returned: always
+  type: str
+  sample: /etc/tmpfiles.d/60-inferops-numa-weights.conf
+reasons:
+  description: Why these weights, and why each source passed over was.
+  returned: always
+  type: list
+  elements: str
+  sample: ["measured: no numa_cost record on this host (run numa_cost with record: true)",
+           "weights from hmat bandwidth: node 0 20000 MB/s -> 2, node 1 20000 MB/s -> 2, node 4 10000 MB/s -> 1"]
+msg:
+  description: What was (or would be) changed, and why.
+  returned: always
+  type: str
+  sample: "set node0 1 -> 2; node1 1 -> 2; write /etc/tmpfiles.d/60-inferops-numa-weights.conf (weights from hmat ...)"
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+
+ARGUMENT_SPEC = {
+    "source": {"type": "str", "default": "auto", "choices": list(weights.SOURCES)},
+    "persist": {"type": "bool", "default": True},
+    "record_dir": {"type": "path", "default": weights.RECORD_DIR},
+    "root": {"type": "path", "default": "/"},
+}
+
+
+def run(module: AnsibleModule) -> dict:
+    params = module.params
+    plan = weights.make_plan(params["root"], params["source"], params["persist"], params["record_dir"])
+    if plan.changed and not module.check_mode:
+        weights.apply(plan)
+    result = weights.result(plan, module.check_mode)
+    if module._diff and plan.supported:
+        result["diff"] = weights.diff(plan)
+    return result
+
+
+def main() -> None:
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    try:
+        result = run(module)
+    except NumaError as exc:
+        module.fail_json(msg=str(exc))
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
