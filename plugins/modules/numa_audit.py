@@ -301,6 +301,13 @@ interleave_percent:
   returned: with O(unit) or O(pids)
   type: dict
   sample: {"0": 50.1, "1": 49.9}
+interleave_weight_percent:
+  description:
+    - For weighted-interleave plans, each node's share of the kernel's weights (what RV(interleave_percent) should
+      be); the audit fails when a node is more than 10 percentage points off it. Null for other plans.
+  returned: with O(unit) or O(pids)
+  type: dict
+  sample: {"0": 40.0, "1": 40.0, "4": 20.0}
 expected_mem_nodes:
   description: The plan's memory nodes.
   returned: with O(unit) or O(pids)

@@ -66,6 +66,8 @@ instances:
   description:
     - One per plan record; C(unit), C(service), C(policy), C(nodes), C(up), C(local_ratio) (C(anon), C(file),
       C(judged)), C(resident_bytes), C(remote_bytes), C(affinity_match), C(plan_age_seconds), C(drift), C(message).
+    - For an interleaved instance C(interleave_ratio), the share of its pages on each node of its plan, and for a
+      weighted-interleave one C(interleave_weight_ratio), the share the kernel's weights give each node.
   returned: success
   type: list
   elements: dict

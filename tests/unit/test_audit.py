@@ -714,3 +714,34 @@ def test_module_with_nothing_deployed_says_so_and_passes(trusted_dir, capsys):
     result = run_module({"plan_dir": os.path.join(trusted_dir, "absent")}, capsys)
     assert result.get("failed") is not True and result["units"] == []
     assert result["msg"] == "no instance to audit: none recorded in %s" % os.path.join(trusted_dir, "absent")
+
+
+def write_weights(root, weights):
+    directory = root / "sys/kernel/mm/mempolicy/weighted_interleave"
+    directory.mkdir(parents=True)
+    for node, weight in weights.items():
+        (directory / ("node%d" % node)).write_text("%d\n" % weight)
+
+
+WEIGHTED = {"policy": "weighted-interleave", "mem_nodes": [0, 1, 4], "cpus": [0, 1]}
+
+
+@pytest.mark.parametrize("pages, ok", [((400, 400, 200), True), ((440, 380, 180), True),
+                                       ((334, 333, 333), False), ((500, 500, 0), False)])
+def test_weighted_interleave_passes_within_the_band_of_its_weights(tmp_path, pages, ok):
+    maps = "7f00 weighted interleave:0-1,4 anon=1000 N0=%d N1=%d N4=%d kernelpagesize_kB=4\n" % pages
+    write_process(tmp_path, 9, maps, [(9, "0-1", 1)])
+    write_weights(tmp_path, {0: 2, 1: 2, 4: 1})
+    report = audit.audit_pids(str(tmp_path), [9], WEIGHTED, page_size=PAGE)
+    assert report["interleave_weight_percent"] == {"0": 40.0, "1": 40.0, "4": 20.0}
+    assert report["ok"] is ok, report["msg"]
+    assert ("off its weights by more than 10 points" in report["msg"]) is not ok
+    assert "weights' shares node 0 40.0%" in report["msg"]
+
+
+def test_weighted_interleave_without_readable_weights_only_reports_the_spread(tmp_path):
+    maps = "7f00 weighted interleave:0-1,4 anon=1000 N0=500 N1=500 kernelpagesize_kB=4\n"
+    write_process(tmp_path, 9, maps, [(9, "0-1", 1)])
+    report = audit.audit_pids(str(tmp_path), [9], WEIGHTED, page_size=PAGE)
+    assert report["ok"] is True and report["interleave_weight_percent"] is None
+    assert report["interleave_percent"] == {"0": 50.0, "1": 50.0, "4": 0.0}

@@ -145,6 +145,27 @@ def test_plan_age_is_the_record_files_age(host):
     assert entry["unit"] == "llama@0.service" and entry["plan_age_seconds"] == 100.0
 
 
+def test_a_weighted_interleave_instances_split_and_its_weights_shares_are_shown(tmp_path, trusted_dir):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path / "machine"))
+    os.makedirs(os.path.join(root, "sys/kernel/mm/mempolicy/weighted_interleave"))
+    for node, weight in ((0, 3), (1, 1)):
+        with open(os.path.join(root, "sys/kernel/mm/mempolicy/weighted_interleave/node%d" % node), "w") as handle:
+            handle.write("%d\n" % weight)
+    write_process(root, 4646, "7f00 weighted interleave:0-1 anon=1000 N0=700 N1=300 kernelpagesize_kB=4\n",
+                  [(4646, "0-159", 1)])
+    plans = os.path.join(trusted_dir, "plans")
+    os.mkdir(plans, 0o755)
+    write_json(os.path.join(plans, "big@0.plan.json"), {"policy": "weighted-interleave", "mem_nodes": [0, 1],
+                                                        "cpulist": "0-159", "node": 0})
+    snap = metrics.collect(root, plans, Systemd({"big@0.service": active(4646)}), page_size=PAGE, clock=lambda: 1.0)
+    entry = snap["instances"][0]
+    assert entry["interleave_ratio"] == {"0": 0.7, "1": 0.3}
+    assert entry["interleave_weight_ratio"] == {"0": 0.75, "1": 0.25}
+    text = exposition.render(snap)
+    assert value(text, "inferops_numa_instance_interleave_node_ratio", unit="big@0.service", node="1") == 0.3
+    assert value(text, "inferops_numa_instance_interleave_weight_ratio", unit="big@0.service", node="0") == 0.75
+
+
 NAMES = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 
 

@@ -48,13 +48,19 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, O
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..inputs import judging
 from ..base.errors import NumaError, shown
-from .kernel_files import parse_maps, proc_text, read_status
+from .kernel_files import Root, parse_maps, proc_text, read_status
 from .systemctl import CommandRunner, run_command, show_unit, unit_pids
 from ..base.sizes import finite_number, format_size
 
 KINDS = ("anon", "file", "code")
 ENFORCED_POLICIES = ("bind",)
 INTERLEAVE_POLICIES = ("interleave", "weighted-interleave")
+# Under weighted interleave each node's share of the pages must be within this many percentage points of its
+# weight's share: the kernel hands out pages in weight-long runs per allocation, and a 2 MiB THP or a large
+# page-cache folio is one allocation, so a small instance's split is coarse; a policy that ignores the weights
+# (plain interleave over 2:2:1 nodes: 33 % instead of 20 %) falls outside it.
+WEIGHT_BAND_PERCENT = 10.0
+_WEIGHTS_DIR = "sys/kernel/mm/mempolicy/weighted_interleave"
 # RSS counts as settled when two samples one poll apart differ by at most this share.
 RSS_SETTLED_SHARE = 0.01
 POLL_SECONDS = 1.0
@@ -84,11 +90,13 @@ class MapsLine(NamedTuple):
 
 
 class Expectation(NamedTuple):
-    """What a Plan says the process should look like."""
+    """What a Plan says the process should look like; ``weights``: the kernel's weighted-interleave weights of
+    its mem_nodes, for a weighted-interleave plan (else empty)."""
 
     policy: Optional[str]
     mem_nodes: List[int]
     cpus: List[int]
+    weights: Mapping[int, int] = {}
 
 
 def parse_numa_maps_line(line: str, executable: Collection[int] = ()) -> Optional[MapsLine]:
@@ -265,6 +273,24 @@ def expectation(plan: Optional[Mapping[str, Any]]) -> Optional[Expectation]:
     return Expectation(plan.get("policy"), mem_nodes, cpus)
 
 
+def with_kernel_weights(expect: Optional[Expectation], root: str) -> Optional[Expectation]:
+    """``expect`` with the kernel's weights of its mem_nodes when it is a weighted-interleave plan: what the kernel
+    placed the pages by. A node without a readable weight leaves the split unjudged."""
+    if expect is None or expect.policy != "weighted-interleave":
+        return expect
+    weights = {}
+    try:
+        with Root(root) as tree:
+            for node in expect.mem_nodes:
+                text = tree.read("%s/node%d" % (_WEIGHTS_DIR, node), 64).decode("ascii", "replace").strip()
+                if not text.isdigit() or int(text) <= 0:
+                    return expect
+                weights[node] = int(text)
+    except OSError:
+        return expect
+    return expect._replace(weights=weights)
+
+
 def _tasks(root: str, pid: int) -> List[int]:
     try:
         names = os.listdir(os.path.join(root, "proc", str(pid), "task"))
@@ -377,6 +403,21 @@ def _interleave_spread(nodes: Mapping[int, Mapping[str, int]], expect: Expectati
     return dict((str(node), _percent(count, total)) for node, count in sorted(on_set.items()))
 
 
+def _weight_shares(weights: Mapping[int, int]) -> Dict[str, float]:
+    total = sum(weights.values())
+    return {str(node): round(100.0 * weight / total, 2) for node, weight in sorted(weights.items())}
+
+
+def _weight_problems(spread: Mapping[str, Optional[float]], wanted: Mapping[str, float]) -> List[str]:
+    off = ["node %s %s%% (weight's share %s%%)" % (node, _pct(spread.get(node)), _pct(share))
+           for node, share in wanted.items() if abs((spread.get(node) or 0.0) - share) > WEIGHT_BAND_PERCENT]
+    if not off:
+        return []
+    return ["the weighted-interleave split is off its weights by more than %g points: %s; the kernel's weights "
+            "changed after the pages were placed, or the pages were placed before the policy: restart the service"
+            % (WEIGHT_BAND_PERCENT, ", ".join(off))]
+
+
 def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_local_percent: float,
           pages: str, page_size: int) -> Dict[str, Any]:
     """Totals, shares and the verdict for raw process readings (see read_process)."""
@@ -393,7 +434,7 @@ def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_lo
               "expected_cpus": format_cpulist(expect.cpus) if expect else None,
               "local_percent": None, "remote_percent": None,
               "anon_local_percent": None, "file_local_percent": None, "code_local_percent": None,
-              "interleave_percent": None}
+              "interleave_percent": None, "interleave_weight_percent": None}
     problems = [raw["without_memory"] for raw in processes if raw["without_memory"]]
     if expect is not None:
         shares = local_shares(totals, expect.mem_nodes)
@@ -403,6 +444,9 @@ def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_lo
                       remote_percent=None if local is None else round(100.0 - local, 2))
         if expect.policy in INTERLEAVE_POLICIES:
             report["interleave_percent"] = _interleave_spread(totals, expect, pages)
+        if expect.weights and local:
+            report["interleave_weight_percent"] = _weight_shares(expect.weights)
+            problems.extend(_weight_problems(report["interleave_percent"], report["interleave_weight_percent"]))
         problems.extend(_memory_problems(totals, expect, min_local_percent, pages, local))
         problems.extend(_thread_problems(report["processes"], expect))
     report["ok"] = not problems
@@ -454,6 +498,9 @@ def _message(report: Mapping[str, Any], problems: List[str]) -> str:
     if report["interleave_percent"]:
         head += ", interleave spread %s" % ", ".join(
             "node %s %s%%" % (node, _pct(share)) for node, share in report["interleave_percent"].items())
+    if report["interleave_weight_percent"]:
+        head += " (weights' shares %s)" % ", ".join(
+            "node %s %s%%" % item for item in report["interleave_weight_percent"].items())
     if not problems:
         return head
     return head + ". FAILED: " + "; ".join(problems)
@@ -470,7 +517,7 @@ def audit_pids(root: str, pids: Sequence[int], plan: Optional[Mapping[str, Any]]
         if raw is None:
             raise NumaError("no process %s under %s: give the PID of a running process" % (pid, os.path.join(root, "proc")))
         processes.append(raw)
-    return judge(processes, expectation(plan), min_local_percent, pages, size)
+    return judge(processes, with_kernel_weights(expectation(plan), root), min_local_percent, pages, size)
 
 
 def _rss_kb(root: str, pid: int) -> Optional[int]:
@@ -603,7 +650,7 @@ def audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[s
     if not processes:
         raise NumaError("unit %s has no running process to audit (MainPID=%s): see `journalctl -u %s`"
                         % (unit, props.get("MainPID"), unit))
-    report = judge(processes, expectation(plan), min_local_percent, pages, size)
+    report = judge(processes, with_kernel_weights(expectation(plan), root), min_local_percent, pages, size)
     report["msg"] = "%s: %s" % (unit, report["msg"])
     report["unit"] = unit
     report["warnings"] = warnings

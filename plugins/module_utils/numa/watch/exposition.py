@@ -124,6 +124,10 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
     gain = Family("instance_ab_gain_ratio", "gauge",
                   "Tokens/s change the A/B gate measured at the instance's last placement change (0.65: 65 % faster).")
     kept = Family("instance_ab_kept", "gauge", "1 when the A/B gate kept that change, 0 when it rolled it back.")
+    split = Family("instance_interleave_node_ratio", "gauge",
+                   "Share of an interleaved instance's judged pages on its plan's nodes that is on this node.")
+    weight = Family("instance_interleave_weight_ratio", "gauge",
+                    "The share the kernel's weighted-interleave weights give this node of the instance's plan.")
     for entry in instances:
         labels = {"unit": entry["unit"], "service": entry["service"], "policy": entry["policy"],
                   "nodes": entry["nodes"]}
@@ -146,7 +150,11 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         judged.add(dict(labels, pages=entry["pages"]), entry["local_ratio"]["judged"])
         drift.add(labels, entry["drift"])
         affinity.add(labels, entry["affinity_match"])
-    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken, gain, kept]
+        for node, ratio in sorted((entry.get("interleave_ratio") or {}).items()):
+            split.add(dict(labels, node=node), ratio)
+        for node, ratio in sorted((entry.get("interleave_weight_ratio") or {}).items()):
+            weight.add(dict(labels, node=node), ratio)
+    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken, gain, kept, split, weight]
 
 
 # --- files written as root -------------------------------------------------------------------------

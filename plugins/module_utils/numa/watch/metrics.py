@@ -279,6 +279,7 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
              "on_drift": settings["on_drift"], "judged": settings["audit"],
              "state": props.get("ActiveState") or "unknown", "up": False, "pids": [],
              "local_ratio": {"anon": None, "file": None, "judged": None},
+             "interleave_ratio": {}, "interleave_weight_ratio": {},
              "resident_bytes": {"anon": None, "file": None}, "remote_bytes": {"anon": None, "file": None},
              "affinity_match": None, "drift": False, "remote_nodes": {}, "message": "",
              "ab_gate": record.get("ab_gate")}
@@ -308,6 +309,10 @@ def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
     entry["local_ratio"] = {"anon": _ratio(report.get("anon_local_percent")),
                             "file": _ratio(report.get("file_local_percent")),
                             "judged": _ratio(report.get("local_percent"))}
+    # An interleaved instance's split over its nodes, and what the kernel's weights make it should be.
+    entry["interleave_ratio"] = {node: _ratio(share) for node, share in (report.get("interleave_percent") or {}).items()}
+    entry["interleave_weight_ratio"] = {node: _ratio(share) for node, share in
+                                        (report.get("interleave_weight_percent") or {}).items()}
     entry["pids"] = [process["pid"] for process in report["processes"]]
     entry["up"] = True
     entry["affinity_match"] = not any(process["threads_outside"] for process in report["processes"])
