@@ -144,7 +144,7 @@ def run(module: AnsibleModule) -> dict:
     if plan.changed and not module.check_mode:
         weights.apply(plan)
     result = weights.result(plan, module.check_mode)
-    if module._diff and plan.supported:
+    if module._diff and plan.changed:
         result["diff"] = weights.diff(plan)
     return result
 

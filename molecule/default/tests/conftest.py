@@ -108,6 +108,8 @@ def placement(host, unit: str) -> dict:
               "threads": threads(host, pid), "policies": set(), "anon": {}, "file": {}, "code": {}}
     for line in host.file("/proc/%s/numa_maps" % pid).content_string.splitlines():
         words = line.split()
+        if len(words) > 2 and words[1] in ("weighted", "prefer"):  # "weighted interleave:0-1", "prefer (many):0-1"
+            words[1:3] = [" ".join(words[1:3])]
         if len(words) < 2:
             continue
         result["policies"].add(words[1])

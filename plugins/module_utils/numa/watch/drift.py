@@ -165,7 +165,7 @@ def _act(entry: Mapping[str, Any], action: str, run: systemctl.CommandRunner, mi
 
 def write_actions(state_dir: str, actions: Mapping[str, Any]) -> str:
     return trusted_files.write_atomically(state_dir, STATE_NAME, json.dumps(actions, indent=1, sort_keys=True) + "\n",
-                            "state directory", mode=0o600)
+                                          "state directory", mode=0o600)
 
 
 def check_interval(value: Any) -> None:

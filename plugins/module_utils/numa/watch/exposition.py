@@ -7,12 +7,10 @@ no directory above it can swap in another) and refused when anyone but root owns
 Debian's /var/lib/prometheus belongs to prometheus, its node-exporter directory to root.
 """
 
-import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import metrics
-from ..system import safe_fs, trusted_files
-from ..base.errors import NumaError
+from ..system import trusted_files
 
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 TEXTFILE_NAME = "inferops_numa.prom"
@@ -158,8 +156,6 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
 
 
 # --- files written as root -------------------------------------------------------------------------
-
-
 
 
 def write_textfile(directory: str, text: str) -> str:

@@ -14,11 +14,9 @@ that root alone may write all the way up from ``/`` (whoever may write a directo
 other records in its place, and choose which unit root restarts).
 """
 
-import json
 import math
 import os
 import re
-import stat
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -253,7 +251,6 @@ def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any
         raise NumaError("%s: on_drift must be one of %s and audit true or false; %s"
                         % (path, ", ".join(ON_DRIFT), REDEPLOY))
     return settings
-
 
 
 def _instances(root: str, records: List[Dict[str, Any]], run: systemctl.CommandRunner, page_size: Optional[int],
