@@ -782,16 +782,16 @@ def _interleave(hints: _Hints, anchor: int, nodes: List[int], state: _State, rea
     weights = (hints.topology.get("kernel") or {}).get("weighted_interleave")
     memory = hints.memory_of(nodes)
     known = {node: weights[str(node)] for node in memory if str(node) in weights} if isinstance(weights, dict) else {}
-    shown = ", ".join("node %d: %s" % (node, known[node]) for node in sorted(known))
+    listed = ", ".join("node %d: %s" % (node, known[node]) for node in sorted(known))
     if asked == "weighted_interleave" and isinstance(weights, dict):
         return _memory(hints, "weighted-interleave", anchor, nodes, state,
-                       reasons + ["weighted interleave, by the kernel's weights (%s)" % (shown or "none set")])
+                       reasons + ["weighted interleave, by the kernel's weights (%s)" % (listed or "none set")])
     if asked == "weighted_interleave":
         reasons = reasons + ["this kernel has no weighted interleave (Linux 6.9+): plain interleave, equal pages on "
                              "each node"]
     elif len(memory) > 1 and len(set(known.values())) > 1:
         return _memory(hints, "weighted-interleave", anchor, nodes, state,
-                       reasons + ["kernel interleave weights differ (%s): using weighted interleave" % shown])
+                       reasons + ["kernel interleave weights differ (%s): using weighted interleave" % listed])
     far = [node for node in memory if node in hints.far_memory]
     if far:
         reasons = reasons + ["node(s) %s are far memory, slower than DRAM, yet get as many pages: give the kernel "
