@@ -68,6 +68,9 @@ instances:
       C(judged)), C(resident_bytes), C(remote_bytes), C(affinity_match), C(plan_age_seconds), C(drift), C(message).
     - For an interleaved instance C(interleave_ratio), the share of its pages on each node of its plan, and for a
       weighted-interleave one C(interleave_weight_ratio), the share the kernel's weights give each node.
+    - For a running instance C(memory_bandwidth), its memory traffic as the hardware counts it for its own resctrl
+      group; C(group), C(local_bytes), C(total_bytes) (cumulative, None where not counted) and C(reason) when
+      there is none.
   returned: success
   type: list
   elements: dict

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from ..act import resctrl_groups
 from ..watch import drift, exposition, metrics
 from ..read.audit import run_command
 
@@ -51,6 +52,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO = sys.stderr) -> int:
     else:
         lines, actions = drift.act_on_drift(snapshot, args.state_dir, args.drift_interval, time.time(),
                                             run_command)
+        lines.extend(_adopt_resctrl(snapshot))
     for line in ["warning: %s" % warning for warning in snapshot["warnings"]] + lines:
         err.write("numa-pin metrics: %s\n" % line)
     if args.json:
@@ -60,3 +62,12 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO = sys.stderr) -> int:
     else:
         exposition.write_textfile(args.textfile_dir, exposition.render(snapshot, actions))
     return 0
+
+
+def _adopt_resctrl(snapshot: metrics.Snapshot) -> list:
+    """The timer's monitor-group step: every running instance in a resctrl group of its own, and the counters of
+    those just moved read again, so the textfile shows them from this run on."""
+    instances = snapshot["instances"]
+    lines, changed = resctrl_groups.adopt(instances, [entry["unit"] for entry in instances], snapshot["root"])
+    metrics.add_bandwidth(snapshot["root"], [entry for entry in instances if entry["unit"] in changed])
+    return lines

@@ -126,6 +126,12 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
                    "Share of an interleaved instance's judged pages on its plan's nodes that is on this node.")
     weight = Family("instance_interleave_weight_ratio", "gauge",
                     "The share the kernel's weighted-interleave weights give this node of the instance's plan.")
+    local_traffic = Family("instance_mbm_local_bytes_total", "counter",
+                           "Bytes the instance's threads moved to and from the memory of the L3 domain they ran on "
+                           "(resctrl mbm_local_bytes of its own monitor group).")
+    all_traffic = Family("instance_mbm_bytes_total", "counter",
+                         "Bytes the instance's threads moved to and from memory (resctrl mbm_total_bytes of its own "
+                         "monitor group).")
     for entry in instances:
         labels = {"unit": entry["unit"], "service": entry["service"], "policy": entry["policy"],
                   "nodes": entry["nodes"]}
@@ -152,7 +158,11 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
             split.add(dict(labels, node=node), ratio)
         for node, ratio in sorted((entry.get("interleave_weight_ratio") or {}).items()):
             weight.add(dict(labels, node=node), ratio)
-    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken, gain, kept, split, weight]
+        counted = entry.get("memory_bandwidth") or {}
+        local_traffic.add(labels, counted.get("local_bytes"))
+        all_traffic.add(labels, counted.get("total_bytes"))
+    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken, gain, kept, split, weight,
+            local_traffic, all_traffic]
 
 
 # --- files written as root -------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from ..read import audit, systemctl
+from ..read import audit, resctrl, systemctl
 from ..inputs import judging
 from ..system import safe_fs, trusted_files
 from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
@@ -65,6 +65,7 @@ def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[systemctl.C
     host = _host(root, topology, warnings)
     records = read_records(plan_dir, warnings)
     instances = _instances(root, records, run or systemctl.run_command, page_size, began, warnings)
+    add_bandwidth(root, instances)
     return {"root": root, "plan_dir": plan_dir, "host": host, "instances": instances, "warnings": warnings,
             "timestamp_seconds": round(began, 3), "duration_seconds": round(max(clock() - began, 0.0), 6)}
 
@@ -279,8 +280,8 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
              "interleave_ratio": {}, "interleave_weight_ratio": {},
              "resident_bytes": {"anon": None, "file": None}, "remote_bytes": {"anon": None, "file": None},
              "affinity_match": None, "drift": False, "remote_nodes": {}, "message": "",
-             "ab_gate": record.get("ab_gate")}
-    if entry["state"] != "active" or int(props.get("MainPID") or 0) <= 0:
+             "ab_gate": record.get("ab_gate"), "main_pid": _main_pid(props), "memory_bandwidth": None}
+    if entry["state"] != "active" or not entry["main_pid"]:
         entry["message"] = "%s is not running (ActiveState=%s)" % (record["unit"], entry["state"])
         return entry
     try:
@@ -291,6 +292,22 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
         return entry
     _add_report(entry, report)
     return entry
+
+
+def _main_pid(props: Mapping[str, str]) -> Optional[int]:
+    word = props.get("MainPID") or ""
+    return int(word) if word.isascii() and word.isdecimal() and int(word) > 0 else None
+
+
+def add_bandwidth(root: str, instances: Sequence[Dict[str, Any]]) -> None:
+    """Each running instance's memory traffic as the hardware counts it for its own resctrl group
+    (read/resctrl.py); where there is no such count, None and the reason."""
+    if not any(entry["up"] for entry in instances):
+        return
+    hierarchy = resctrl.read_hierarchy(root)
+    for entry in instances:
+        if entry["up"]:
+            entry["memory_bandwidth"] = resctrl.instance_bandwidth(root, hierarchy, entry["main_pid"], entry["pids"])
 
 
 def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
