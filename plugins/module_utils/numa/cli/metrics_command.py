@@ -17,7 +17,7 @@ from ..read.audit import run_command
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import TextIO
+    from typing import List, TextIO
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO = sys.stderr) -> int:
     return 0
 
 
-def _adopt_resctrl(snapshot: metrics.Snapshot) -> list:
+def _adopt_resctrl(snapshot: metrics.Snapshot) -> List[str]:
     """The timer's monitor-group step: every running instance in a resctrl group of its own, and the counters of
     those just moved read again, so the textfile shows them from this run on."""
     instances = snapshot["instances"]
