@@ -68,10 +68,11 @@ def _adopt_instance(top: int, root: str, hierarchy: Hierarchy, entry: Mapping[st
     """What was done to put the instance in a group of its own; "" when it has one or cannot be moved."""
     unit, main_pid, pids = entry["unit"], entry["main_pid"], entry["pids"]
     current = resctrl.group_of(hierarchy, main_pid)
-    own, _reason = resctrl.own_group(root, hierarchy, main_pid, pids)
+    threads = resctrl.instance_threads(root, pids)
+    own, _reason = resctrl.own_group(root, hierarchy, main_pid, pids, threads)
     if current is None or (own is None and current.monitor):
         return ""  # exited, or in a monitor group someone else made: theirs to keep
-    target = own or Group(_path(current.control, "mon_groups", group_name(unit)), current.control, True)
+    target = own or Group(resctrl.join(current.control, "mon_groups", group_name(unit)), current.control, True)
     if not target.monitor:
         return ""  # a control group of its own: counted already
     made = target not in hierarchy.tasks
@@ -81,7 +82,7 @@ def _adopt_instance(top: int, root: str, hierarchy: Hierarchy, entry: Mapping[st
         return "resctrl: %s: cannot make monitor group %s: %s; its memory bandwidth is not measured" % (
             unit, target.path, _why(exc))
     try:
-        moved, problem = _move(group_fd, _to_move(root, hierarchy, target, pids))
+        moved, problem = _move(group_fd, _to_move(hierarchy, target, threads))
     finally:
         os.close(group_fd)
     if not (made or moved or problem):
@@ -90,10 +91,10 @@ def _adopt_instance(top: int, root: str, hierarchy: Hierarchy, entry: Mapping[st
         unit, "made " if made else "", target.path, moved, "; %s" % problem if problem else "")
 
 
-def _to_move(root: str, hierarchy: Hierarchy, target: Group, pids: Sequence[int]) -> List[int]:
+def _to_move(hierarchy: Hierarchy, target: Group, threads: Set[int]) -> List[int]:
     """The instance's threads in the target's control group but not yet in the target."""
     moving = []
-    for tid in sorted(resctrl.instance_threads(root, pids)):
+    for tid in sorted(threads):
         group = resctrl.group_of(hierarchy, tid)
         if group is not None and group != target and group.control == target.control:
             moving.append(tid)
@@ -124,11 +125,12 @@ def _move(group_fd: int, tids: Sequence[int]) -> Tuple[int, str]:
 
 def _remove_unrecorded(top: int, hierarchy: Hierarchy, recorded_units: Set[str]) -> List[str]:
     lines = []
+    recorded_names = set(group_name(unit) for unit in recorded_units)
     for group, tasks in sorted(hierarchy.tasks.items()):
         parent, _slash, name = group.path.rpartition("/")
         if not group.monitor or tasks or not name.startswith(GROUP_PREFIX):
             continue
-        if any(group_name(unit) == name for unit in recorded_units):
+        if name in recorded_names:
             continue  # a stopped instance: it takes its group again at its next start
         try:
             parent_fd = _open_group(top, parent, make=False)
@@ -162,10 +164,6 @@ def _open_group(top: int, path: str, make: bool) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _path(*parts: str) -> str:
-    return "/".join(part for part in parts if part)
 
 
 def _why(exc: OSError) -> str:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Dict, FrozenSet, Iterable, List, NamedTuple, Optional, Sequence, Set, Tuple
 
+from ..base.cpulist import parse_integer
 from .kernel_files import Root, numbered, parse_status
 
 RESCTRL = "sys/fs/resctrl"
@@ -73,7 +74,7 @@ def _groups(tree: Root) -> List[Group]:
     monitors = []
     for control in controls:
         for name in sorted(_listed(tree, _rel(control.path, "mon_groups"))):
-            path = _join(control.path, "mon_groups", name)
+            path = join(control.path, "mon_groups", name)
             if tree.exists(_rel(path, "tasks")):
                 monitors.append(Group(path, control.path, True))
     return controls + monitors
@@ -86,13 +87,14 @@ def _listed(tree: Root, rel: str) -> List[str]:
         return []
 
 
-def _join(*parts: str) -> str:
+def join(*parts: str) -> str:
+    """A group's path from its parts, the empty ones (the default group's) left out."""
     return "/".join(part for part in parts if part)
 
 
 def _rel(group_path: str, name: str) -> str:
     """A file of a group, relative to the root."""
-    return _join(RESCTRL, group_path, name)
+    return join(RESCTRL, group_path, name)
 
 
 def _tasks(tree: Root, group: Group) -> Set[int]:
@@ -101,11 +103,13 @@ def _tasks(tree: Root, group: Group) -> Set[int]:
         text = tree.read(_rel(group.path, "tasks"), MAX_TASKS_BYTES).decode("ascii", "replace")
     except OSError:
         return set()
-    return set(int(word) for word in text.split() if _is_number(word))
+    return set(tid for tid in (_count(word) for word in text.split()) if tid is not None)
 
 
-def _is_number(word: str) -> bool:
-    return word.isascii() and word.isdecimal()
+def _count(word: str) -> Optional[int]:
+    """A task id or a counter as the kernel prints it; None for "Unavailable", "Error" or anything else."""
+    number = parse_integer(word)
+    return number if number is not None and number >= 0 else None
 
 
 def group_of(hierarchy: Hierarchy, tid: int) -> Optional[Group]:
@@ -141,14 +145,15 @@ def foreign_tasks(root: str, tasks: Iterable[int], pids: Sequence[int], threads:
     return foreign
 
 
-def own_group(root: str, hierarchy: Hierarchy, main_pid: int, pids: Sequence[int]) -> Tuple[Optional[Group], str]:
-    """(The instance's own group, "") or (None, why it has none)."""
+def own_group(root: str, hierarchy: Hierarchy, main_pid: int, pids: Sequence[int],
+              threads: Set[int]) -> Tuple[Optional[Group], str]:
+    """(The instance's own group, "") or (None, why it has none); ``threads``: instance_threads, listed after
+    the hierarchy was read."""
     group = group_of(hierarchy, main_pid)
     if group is None:
         return None, "its main process %d is in no resctrl group" % main_pid
     if group.path == "":
         return None, "it is in resctrl's default group, which counts the whole host"
-    threads = instance_threads(root, pids)
     strangers = foreign_tasks(root, hierarchy.tasks[group], pids, threads)
     if strangers:
         return None, ("its resctrl group %s also holds %d task(s) of other processes (task %d first), so its "
@@ -161,7 +166,8 @@ def bandwidth(root: str, group: Group, features: FrozenSet[str]) -> Dict[str, Op
     host does not count, or that a domain reports ``Unavailable`` or ``Error`` (a part would understate it)."""
     with Root(root) as tree:
         data = _rel(group.path, "mon_data")
-        domains = sorted(name for name in _listed(tree, data) if name.startswith("mon_L3_") and _is_number(name[7:]))
+        domains = sorted(name for name in _listed(tree, data) if name.startswith("mon_L3_")
+                         and _count(name[7:]) is not None)
         return dict((name, _summed(tree, data, domains, event) if event in features else None)
                     for name, event in BANDWIDTH_EVENTS)
 
@@ -173,9 +179,10 @@ def _summed(tree: Root, data: str, domains: Sequence[str], event: str) -> Option
             word = tree.read("%s/%s/%s" % (data, domain, event)).decode("ascii", "replace").strip()
         except OSError:
             return None
-        if not _is_number(word):
+        count = _count(word)
+        if count is None:
             return None  # "Unavailable", "Error"
-        total += int(word)
+        total += count
     return total if domains else None
 
 
@@ -186,7 +193,7 @@ def instance_bandwidth(root: str, hierarchy: Optional[Hierarchy], main_pid: int,
     absent = {"group": None, "local_bytes": None, "total_bytes": None, "reason": ""}  # type: Dict[str, Optional[object]]
     if hierarchy is None:
         return dict(absent, reason="the host counts no memory bandwidth (no resctrl monitoring)")
-    group, reason = own_group(root, hierarchy, main_pid, pids)
+    group, reason = own_group(root, hierarchy, main_pid, pids, instance_threads(root, pids))
     if group is None:
         return dict(absent, reason=reason)
     counted = bandwidth(root, group, hierarchy.features)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..read import audit, resctrl, systemctl
 from ..inputs import judging
 from ..system import safe_fs, trusted_files
-from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist
+from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
 from ..base.errors import NumaError, shown
 
 PLAN_DIR = "/etc/inferops-numa"
@@ -295,8 +295,8 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
 
 
 def _main_pid(props: Mapping[str, str]) -> Optional[int]:
-    word = props.get("MainPID") or ""
-    return int(word) if word.isascii() and word.isdecimal() and int(word) > 0 else None
+    pid = parse_integer(props.get("MainPID") or "")
+    return pid if pid is not None and pid > 0 else None
 
 
 def add_bandwidth(root: str, instances: Sequence[Dict[str, Any]]) -> None:
