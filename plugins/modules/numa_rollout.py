@@ -94,9 +94,13 @@ options:
         type: dict
         suboptions:
           rounds:
-            description: Measured requests before and after (besides one warm-up each).
+            description: Measured requests before and after (besides one warm-up each), 1 to 50.
             type: int
-            default: 3
+            default: 5
+          max_rounds:
+            description: The rounds may grow to this many (up to 200) while their spread is too wide to judge.
+            type: int
+            default: 15
           prompt:
             description: The prompt of every request.
             type: str
@@ -106,8 +110,16 @@ options:
             type: int
             default: 16
           min_gain_percent:
-            description: Keep the change only with at least this gain; default, keep it unless slower than the noise.
+            description:
+              - Keep the change only with at least this gain (a finite number from -100 to 1000); default, keep it
+                unless slower than the noise band.
             type: float
+          max_noise_percent:
+            description:
+              - The widest the noise band may be (0.5 to 50); a loss beyond it is rolled back however noisy the
+                rounds were.
+            type: float
+            default: 5.0
           api:
             description:
               - C(llama.cpp) asks C(/completion) and reads the server's own decode rate; C(openai) asks
@@ -188,20 +200,15 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Instance, roll
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit, load_plan
 
 AUDIT_OPTIONS = {"plan_file": {"type": "path"}, **judging.argument_spec()}
-# max_tokens is a token count, not a secret (validate-modules reads "token" as one).
-GATE_OPTIONS = {"rounds": {"type": "int", "default": 3}, "prompt": {"type": "str", "default": "Hello"},
-                "max_tokens": {"type": "int", "default": 16, "no_log": False},
-                "min_gain_percent": {"type": "float"},
-                "api": {"type": "str", "default": "auto", "choices": ["auto", "llama.cpp", "openai"]}}
 INSTANCE_OPTIONS = {
     "unit": {"type": "str", "required": True}, "restart": {"type": "bool", "default": False},
     "engine": {"type": "str", "default": "generic"}, "port": {"type": "int"}, "health_url": {"type": "str"},
     "audit": {"type": "dict", "options": AUDIT_OPTIONS}, "kept": {"type": "list", "elements": "path", "default": []},
-    "ab_gate": {"type": "dict", "options": GATE_OPTIONS}, "first_deployment": {"type": "bool", "default": False},
+    "ab_gate": {"type": "dict", "options": gate.argument_spec()}, "first_deployment": {"type": "bool", "default": False},
 }
 
 
