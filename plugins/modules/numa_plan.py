@@ -270,14 +270,6 @@ record_current:
   returned: success
   type: bool
   sample: true
-record_rejected:
-  description:
-    - Whether RV(record) is the one an A/B gate rolled back (M(inferops.numa.numa_rollout) kept it as
-      C(<record_file>.rejected), with the same trust rules); false without O(record_file). The inference_service
-      role does not try such a plan again.
-  returned: success
-  type: bool
-  sample: false
 topology_warnings:
   description:
     - What the topology reader found odd on this host (files missing, empty or garbled), one line each, as in the
@@ -293,7 +285,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.request import argument_spec, build_request
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import REJECTED_SUFFIX, plan_record, record_is_current
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import plan_record, record_is_current
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 # The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above
@@ -313,7 +305,6 @@ def main() -> None:
     path = module.params["record_file"]
     module.exit_json(changed=False, plan=result, record=record,
                      record_current=path is not None and record_is_current(path, record),
-                     record_rejected=path is not None and record_is_current(path + REJECTED_SUFFIX, record),
                      topology_warnings=topology["warnings"])
 
 

@@ -1,82 +1,109 @@
-"""Restart a host's instances in batches, each gated on its server answering and its audit passing; an instance
-that fails either goes back to its previous unit and plan, and the host stops there with the reason.
+"""A host's deployment as one change that ends in a known state: applied and judged, taken back completely, or
+recorded so that the next run takes it back before it deploys again.
 
-A placement change restarts the server: done for every instance at once, it takes the host's whole capacity down
-together, and a bad change (a plan the server cannot run under, a binding that fails its audit) would then hold
-every instance. Here instances go ``batch`` at a time, and the next batch starts only when each of this one
-answers its readiness probe:
+The order of a deployment (``deploy``):
 
-- an HTTP URL (the engine recipe's health endpoint on the instance's port, or the entry's own ``health_url``):
-  ready on status 200 (llama-server and vLLM answer 503 while the model loads);
-- a port without a URL (engine ``generic``): ready when it accepts a TCP connection;
-- neither: ready when systemd reports the unit active.
+1. An earlier change nobody judged (act/change_files's pending record: a run that stopped, crashed or could not
+   finish a rollback) is taken back first; if that cannot be done completely the run stops here, saying what is
+   left, and the record stays.
+2. What changes is decided from what the services want and what the host holds (decide/rollout): the files to
+   write, the instances they restart, the changes held as ones an A/B gate rolled back before.
+3. The record of the change is written, then the files, then systemd reloads.
+4. Instances start or restart ``batch`` at a time behind their gates, and the next batch waits for this one:
 
-A unit that systemd reports ``failed`` is not waited for. When an instance fails its gate, or its A/B gate
-(ab_gate.py) finds it slower, the host's whole change goes back: every kept file gets its ``<file>.previous``
-back (written by the role before it changed them; a unit template is shared by all the instances of its service,
-so one instance cannot go back alone), the instances already (re)started restart on them, an instance with
-nothing kept (its first deployment) is stopped rather than left crash-looping, and no further batch starts.
-A failed gate fails the host; a slower placement is a verdict, not a failure, and the rejected files are kept as
-``<file>.rejected``: the role does not try the same change again on the next run (it would be rolled back again).
+   - readiness: HTTP 200 from the instance's health URL (the engine's, or the entry's), or a TCP connection to
+     its port, or for neither systemd's "active"; each probe has a deadline of its own, and the whole wait
+     ``ready_seconds``. A unit that fails, exits, or is restarted by systemd while we wait (``Restart=`` turns
+     a crash into ``activating (auto-restart)``, never ``failed``) is failed at once, quoting the last lines
+     of its journal;
+   - the audit, where asked (read/audit);
+   - the A/B gate, where asked (act/ab_gate): tokens per second before the restart and after it. A rate that
+     cannot be measured before the restart leaves the instance as it is and takes the change back; after it,
+     the change is taken back too. A first deployment's baseline is the same server started once without a
+     placement (the Linux default, through a runtime drop-in), so the gate measures what binding gains here;
+     its binding is kept either way: there is nothing of ours to go back to.
 
-An instance's first deployment has no placement of ours to compare with: its baseline is the same server started
-once without one (the Linux default, through a runtime drop-in that numa-pin and systemd read), so the gate
-measures the very gain binding claims. It reports that gain and keeps the binding either way: there is nothing of
-ours to go back to, and a server never runs unbound beyond its measurement.
+5. Every gate passed: the record is removed, the verdicts merged into ab-gates.json. Otherwise the whole change is
+   taken back (``take_back``): instances deployed for the first time (or not running before) are stopped, every
+   written file gets its previous text back, systemd reloads, and every instance already restarted restarts on
+   its previous files; each step is tried whatever the one before did. Only when all of it worked is the record
+   removed, and a slower verdict kept as the service's rejected change, which the next runs do not try again (it
+   would be rolled back at every run); else the record stays and the message says what could not be done.
+
+A failed gate fails the host; a change the A/B gate found slower, taken back completely, is a verdict, not a
+failure.
 """
 
-import contextlib
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 from http import client as http_client
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 from .ab_gate import Gate, judge, measure
+from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, remove_pending,
+                           remove_rejected, write_files, write_pending, write_rejected)
+from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
-from ..system import safe_fs
-from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT, REJECTED_SUFFIX
+from ..decide.rollout import Change, Found, Service, decide, previous_texts, rejected_record
 from ..read.audit import UnitAudit, audit_units
+from ..read.kernel_files import printable
 from ..read.systemctl import CommandRunner, show_units
+from ..system import safe_fs
 
 POLL_SECONDS = 2.0
-PROBE_TIMEOUT_SECONDS = 2.0
-PREVIOUS_SUFFIX = ".previous"
+# A readiness probe's whole budget (connect, request, answer), within what is left of ready_seconds.
+PROBE_SECONDS = 5.0
 RUNTIME_UNIT_DIR = "run/systemd/system"
+# The journal lines a failed start quotes, and how much of each.
+JOURNAL_LINES = 3
+JOURNAL_LINE_CHARS = 240
 DONE = {"start": "started", "restart": "restarted"}
 
 
 class Instance(NamedTuple):
-    """One instance to start or restart, how to tell it is ready, how to audit it, and what to put back."""
+    """One instance, how to tell it is ready, how to audit it and whether to measure it."""
     unit: str
-    restart: bool  # restart (its unit or plan changed); else start it if it is not running
     url: Optional[str]
     port: Optional[int]
     audit: Optional[UnitAudit]
-    kept: Tuple[str, ...]  # files the role changed and kept a <file>.previous of
-    gate: Optional[Gate] = None  # measure tokens/s before and after a restart; keep the change only if not slower
-    first: bool = False  # its first deployment: nothing of it was there before
+    gate: Optional[Gate] = None
 
 
-Probe = Callable[["Instance"], Optional[str]]  # None when ready, else what it saw
-Measure = Callable[[Gate], List[float]]  # tokens/s of the gate's rounds
+class Deployment(NamedTuple):
+    """One service: the files it wants (decide/rollout.Service) and its instances, in the order to go through."""
+    wanted: Service
+    instances: Tuple[Instance, ...]
 
 
-def probe(instance: Instance) -> Optional[str]:
-    """None when the instance answers (HTTP 200 from its URL, or a TCP connection to its port), else why not."""
+class Options(NamedTuple):
+    record_dir: str  # the plan directory: the pending record, the rejected records, ab-gates.json
+    batch: int = 1
+    ready_seconds: float = 600.0
+    settle_seconds: float = 3.0
+    root: str = "/"
+
+
+Probe = Callable[[Instance, float], Optional[str]]  # (instance, seconds) -> None when ready, else what it saw
+Measure = Callable[[Gate], List[float]]  # tokens/s of the gate's rounds; NumaError when not measured
+
+
+def probe(instance: Instance, seconds: float) -> Optional[str]:
+    """None when the instance answers within ``seconds`` (HTTP 200 from its URL, or a TCP connection to its
+    port), else why not."""
     if instance.url:
-        return _http_probe(instance.url)
+        return _http_probe(instance.url, seconds)
     if instance.port:
         try:
-            socket.create_connection(("127.0.0.1", instance.port), timeout=PROBE_TIMEOUT_SECONDS).close()
+            socket.create_connection(("127.0.0.1", instance.port), timeout=seconds).close()
             return None
         except OSError as exc:
             return "port %d: %s" % (instance.port, exc.strerror or exc)
     return None
 
 
-def _http_probe(url: str) -> Optional[str]:
+def _http_probe(url: str, seconds: float) -> Optional[str]:
     """None on HTTP 200 from ``url``, else what came back. http.client, not urllib: no proxy from the environment
     stands between a host and its own server."""
     parts = urlsplit(url)
@@ -84,7 +111,7 @@ def _http_probe(url: str) -> Optional[str]:
         return "%s is not an http(s) URL" % url
     kind = http_client.HTTPSConnection if parts.scheme == "https" else http_client.HTTPConnection
     try:
-        connection = kind(parts.hostname, parts.port, timeout=PROBE_TIMEOUT_SECONDS)
+        connection = kind(parts.hostname, parts.port, timeout=seconds)
         try:
             connection.request("GET", (parts.path or "/") + ("?" + parts.query if parts.query else ""))
             status = connection.getresponse().status
@@ -95,68 +122,197 @@ def _http_probe(url: str) -> Optional[str]:
     return None if status == 200 else "%s answered %d" % (url, status)
 
 
-def roll(instances: Sequence[Instance], batch: int, ready_seconds: float, run: CommandRunner,
-         root: str = "/", check: bool = False, settle_seconds: float = 3.0, answers: Probe = probe,
-         clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-         rates: Measure = measure) -> Dict[str, Any]:
-    """Start or restart ``instances`` (those that need it) ``batch`` at a time behind their gates.
+class Host:
+    """systemd and the servers of the host, as a deployment talks to them; tests hand in fakes of each part."""
 
-    Returns {"changed", "failed", "msg", "instances": [{unit, action, ok, msg, rolled_back}]}; in check mode
-    only what would be done.
-    """
-    if batch < 1:
-        raise NumaError("restart batch %r: give 1 or more instances at a time" % batch)
-    states = show_units([instance.unit for instance in instances], run)
-    # A changed instance that is not running is started, as one that was never deployed (a dry run says so).
-    running = {instance.unit for instance in instances if states[instance.unit].get("ActiveState") == "active"}
+    def __init__(self, run: CommandRunner, answers: Probe = probe, rates: Measure = measure,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.run = run
+        self.answers = answers
+        self.rates = rates
+        self.clock = clock
+        self.sleep = sleep
+
+    def systemctl(self, action: str, unit: Optional[str] = None) -> Optional[str]:
+        """None when ``systemctl ACTION [UNIT]`` succeeded, else one line saying how it failed."""
+        argv = ["systemctl", action] + (["--", unit] if unit else [])
+        try:
+            rc, out, err = self.run(argv)
+        except (OSError, NumaError) as exc:
+            return "%s could not run: %s" % (" ".join(argv), exc)
+        if rc == 0:
+            return None
+        return "%s failed (rc %d): %s" % (" ".join(argv), rc, _one_line((err or out).strip()))
+
+    def states(self, units: Sequence[str]) -> Dict[str, Dict[str, str]]:
+        return show_units(list(units), self.run)
+
+    def journal(self, unit: str) -> str:
+        """The last lines the unit logged, as one line of plain text; empty when there are none to read."""
+        try:
+            rc, out, _err = self.run(["journalctl", "--no-pager", "-q", "-o", "cat", "-n", "20", "-u", unit])
+        except (OSError, NumaError):
+            return ""
+        lines = [line.strip() for line in (out if rc == 0 else "").splitlines() if line.strip()]
+        return " | ".join(_one_line(line)[:JOURNAL_LINE_CHARS] for line in lines[-JOURNAL_LINES:])
+
+
+def _one_line(text: str) -> str:
+    return printable(" ".join(text.split()))
+
+
+# --- the deployment ---------------------------------------------------------------------------------
+
+
+def deploy(deployments: Sequence[Deployment], options: Options, host: Host, check: bool = False) -> Dict[str, Any]:
+    """Apply the services' files and (re)start their instances behind their gates (see the module docstring).
+
+    Returns {"changed", "failed", "msg", "instances": [{unit, action, ok, msg, rolled_back, ab_gate}],
+    "services": {name: {"written": [paths], "held": bool}}, "diffs": [(path, before, after)], "warnings"}.
+    In check mode only what would be done."""
+    if options.batch < 1:
+        raise NumaError("restart batch %r: give 1 or more instances at a time" % options.batch)
+    warnings = []  # type: List[str]
+    earlier = read_pending(options.record_dir)
+    taken_back = {}  # type: Dict[str, str]
+    if earlier is not None and not check:
+        taken_back, problems = take_back(earlier, options, host, {instance.unit: instance for deployment in
+                                                                  deployments for instance in deployment.instances})
+        if problems:
+            return _unfinished(problems, options, "an earlier change nobody judged could not be taken back")
+        remove_pending(options.record_dir)
+    found = read_found({path for deployment in deployments for path in deployment.wanted.files})
+    changes = [decide(deployment.wanted, found, read_rejected(options.record_dir, deployment.wanted.name, warnings)
+                      if deployment.wanted.gated else {}) for deployment in deployments]
+    instances = [instance for deployment in deployments for instance in deployment.instances]
+    states = host.states([instance.unit for instance in instances])
+    running = {unit for unit, props in states.items() if props.get("ActiveState") == "active"}
+    restart = {unit for change in changes for unit in change.restart}
+    first = {unit for change in changes for unit in change.first}
     due = [(instance, "restart" if instance.unit in running else "start") for instance in instances
-           if instance.restart or instance.unit not in running]
-    results = []  # type: List[Dict[str, Any]]
+           if instance.unit in restart or instance.unit not in running]
+    writes = {path: text for change in changes for path, text in change.writes.items()}
+    report = _Report(changes, found, taken_back, earlier, warnings)
     if check:
-        results = [_result(instance, action, True, "would %s %s" % (action, instance.unit)) for instance, action in due]
-        return _summary(results, bool(due))
-    done = []  # type: List[Tuple[Instance, str]]
-    for start in range(0, len(due), batch):
-        group = due[start:start + batch]
-        # A first deployment restarts (its plan was written) or starts, but has no placement of ours to measure.
-        baselines = {instance.unit: _unbound_baseline(instance, ready_seconds, run, root, answers, clock, sleep, rates)
-                     if instance.first else _baseline(instance, rates) for instance, action in group
-                     if instance.gate and (action == "restart" or instance.first)}
-        refused = {instance.unit: _start(run, action, instance.unit) for instance, action in group}
-        judged = [_ab(result, instance, baselines.get(instance.unit), rates) for result, (instance, _action) in
-                  zip(_gate(group, refused, ready_seconds, run, root, settle_seconds, answers, clock, sleep), group)]
+        return report.summary([_result(instance, action, True, "would %s %s" % (action, instance.unit))
+                               for instance, action in due], bool(due or writes or earlier))
+    if not due and not writes:
+        return report.summary([], bool(taken_back))
+    pending = Pending(previous_texts(tuple(changes), found), {instance.unit: instance.unit in running
+                                                              for instance, _action in due},
+                      first=[instance.unit for instance, _action in due if instance.unit in first])
+    write_pending(options.record_dir, pending)
+    problems = write_files(writes)
+    if not problems and any(change.reload for change in changes):
+        problems = [problem for problem in [host.systemctl("daemon-reload")] if problem]
+    by_unit = {instance.unit: instance for instance in instances}
+    if problems:
+        _said, undo_problems = take_back(pending, options, host, by_unit)
+        if not undo_problems:
+            remove_pending(options.record_dir)
+        return report.not_applied(problems, undo_problems, options)
+    results = _roll(due, first, pending, options, host)
+    if all(result["ok"] and _kept(result) for result in results):
+        remove_pending(options.record_dir)
+        merge_verdicts(options.record_dir, _verdicts(results), warnings)
+        for change in changes:
+            if change.writes:
+                remove_rejected(options.record_dir, change.service)
+        return report.summary(results, True)
+    said, undo_problems = take_back(pending, options, host, by_unit)
+    for result in results:
+        result["rolled_back"] = said.get(result["unit"])
+    if not undo_problems:
+        remove_pending(options.record_dir)
+        slower = {result["unit"] for result in results if not _kept(result)}
+        for change, deployment in zip(changes, deployments):
+            if change.writes and slower & {instance.unit for instance in deployment.instances}:
+                write_rejected(options.record_dir, change.service, rejected_record(change),
+                               {unit: verdict for unit, verdict in _verdicts(results).items() if unit in slower})
+        merge_verdicts(options.record_dir, _verdicts(results), warnings)
+    return report.summary(results, True, undo_problems, options)
+
+
+def _kept(result: Mapping[str, Any]) -> bool:
+    return (result["ab_gate"] or {}).get("kept") is not False
+
+
+def _verdicts(results: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    return {result["unit"]: result["ab_gate"] for result in results if result["ab_gate"]}
+
+
+def _unfinished(problems: Sequence[str], options: Options, what: str) -> Dict[str, Any]:
+    return {"changed": True, "failed": True, "instances": [], "services": {}, "diffs": [], "warnings": [],
+            "msg": "%s: %s; %s" % (what, "; ".join(problems), _marked(options))}
+
+
+def _marked(options: Options) -> str:
+    return ("the host stays marked for retry (%s): the next run takes this change back before it deploys, or fix "
+            "what is named and run again" % os.path.join(options.record_dir, "rollout.pending.json"))
+
+
+# --- batches and gates -------------------------------------------------------------------------------
+
+
+def _roll(due: Sequence[Tuple[Instance, str]], first: Sequence[str], pending: Pending, options: Options,
+          host: Host) -> List[Dict[str, Any]]:
+    """Start or restart ``due`` ``batch`` at a time behind their gates; stops at the first batch that fails
+    (the rest are reported as not (re)started)."""
+    results = []  # type: List[Dict[str, Any]]
+    for start in range(0, len(due), options.batch):
+        judged = _batch(due[start:start + options.batch], first, pending, options, host)
         results += judged
-        done += group
-        if any(not result["ok"] or (result["ab_gate"] or {}).get("kept") is False for result in judged):
+        if not all(result["ok"] and _kept(result) for result in judged):
             results += [dict(_result(instance, action, False, "not %s: the change was rolled back" % DONE[action]),
-                             skipped=True) for instance, action in due[start + batch:]]
-            failed = any(not result["ok"] for result in judged)
-            undone = undo(done, due[start + batch:], ready_seconds, run, answers, clock, sleep, rejected=not failed)
-            for result in results:
-                result["rolled_back"] = undone.get(result["unit"])
+                             skipped=True) for instance, action in due[start + options.batch:]]
             break
-    return _summary(results, bool(due))
+    return results
 
 
-def _start(run: CommandRunner, action: str, unit: str) -> Optional[str]:
-    """``systemctl start|restart`` the unit; None, or what systemctl said when it refused (a unit whose start
-    fails at once: the gate fails it without waiting)."""
+def _batch(group: Sequence[Tuple[Instance, str]], first: Sequence[str], pending: Pending, options: Options,
+           host: Host) -> List[Dict[str, Any]]:
+    """One batch: baselines measured, instances (re)started, then each gated. A baseline that cannot be measured
+    leaves the whole batch as it runs: the change is then taken back, unmeasured. Each instance is in the pending
+    record before anything starts it (its unbound baseline, its bound start)."""
+    baselines = {}  # type: Dict[str, Any]
+    for instance, action in group:
+        if instance.gate and instance.unit in first:
+            baselines[instance.unit] = (_touch(pending, [instance.unit], options)
+                                        or _unbound_baseline(instance, options, host))
+        elif instance.gate and action == "restart":
+            baselines[instance.unit] = _measured(instance, host)
+    unmeasured = {unit: why for unit, why in baselines.items() if isinstance(why, str)}
+    refused = _touch(pending, [instance.unit for instance, _action in group], options) if not unmeasured else None
+    if unmeasured or refused:
+        return [_result(instance, action, False, "%s: not %s: %s" % (
+            instance.unit, DONE[action], refused or unmeasured.get(instance.unit, "another instance of its batch was "
+                                                                                  "not measured before its restart")))
+                for instance, action in group]
+    started = {instance.unit: host.systemctl(action, instance.unit) for instance, action in group}
+    return [_ab(result, instance, baselines.get(instance.unit), host, instance.unit in first)
+            for result, (instance, _action) in zip(_gate(group, started, options, host), group)]
+
+
+def _touch(pending: Pending, units: Sequence[str], options: Options) -> Optional[str]:
+    """``units`` in the pending record before anything starts them: nothing may run that the record does not
+    name. None, or why the record could not be written (then nothing is started)."""
+    touched = pending.touched + [unit for unit in units if unit not in pending.touched]
     try:
-        _systemctl(run, action, unit)
+        write_pending(options.record_dir, Pending(pending.files, pending.units, touched, pending.first))
     except NumaError as exc:
         return str(exc)
+    pending.touched = touched
     return None
 
 
-def _gate(group: Sequence[Tuple[Instance, str]], refused: Mapping[str, Optional[str]], ready_seconds: float,
-          run: CommandRunner, root: str, settle_seconds: float, answers: Probe, clock: Callable[[], float],
-          sleep: Callable[[float], None]) -> List[Dict[str, Any]]:
-    waits = {instance.unit: refused[instance.unit] or wait_ready(instance, ready_seconds, run, answers, clock, sleep)
+def _gate(group: Sequence[Tuple[Instance, str]], refused: Mapping[str, Optional[str]], options: Options,
+          host: Host) -> List[Dict[str, Any]]:
+    waits = {instance.unit: refused[instance.unit] or wait_ready(instance, options.ready_seconds, host)
              for instance, _action in group}
     audits = [instance.audit for instance, _action in group if instance.audit and waits[instance.unit] is None]
     reports = {report["unit"]: report for report in
-               (audit_units(root, audits, ready_seconds, settle_seconds, run=run, clock=clock, sleep=sleep)
-                if audits else [])}
+               (audit_units(options.root, audits, options.ready_seconds, options.settle_seconds, run=host.run,
+                            clock=host.clock, sleep=host.sleep) if audits else [])}
     results = []
     for instance, action in group:
         why = waits[instance.unit]
@@ -164,71 +320,131 @@ def _gate(group: Sequence[Tuple[Instance, str]], refused: Mapping[str, Optional[
             why = "its audit failed: %s" % reports[instance.unit]["msg"]
         if why is None:
             results.append(_result(instance, action, True, "%s and ready" % DONE[action]))
-            continue
-        results.append(_result(instance, action, False, "%s: %s" % (instance.unit, why)))
+        else:
+            results.append(_result(instance, action, False, "%s: %s" % (instance.unit, why)))
     return results
 
 
-def _baseline(instance: Instance, rates: Measure) -> Any:
-    """The running instance's rates before its restart, or why there are none (the gate then keeps the change)."""
+def wait_ready(instance: Instance, ready_seconds: float, host: Host) -> Optional[str]:
+    """None once the instance is active and answers, else why not, as soon as it is known: its unit failed,
+    exited, or is being restarted by systemd (a crash loop), each with the last lines of its journal; or time
+    ran out."""
+    deadline = host.clock() + ready_seconds
+    restarts = None  # type: Optional[int]
+    while True:
+        props = host.states([instance.unit])[instance.unit]
+        state, sub = props.get("ActiveState"), props.get("SubState")
+        count = _count(props.get("NRestarts"))
+        restarts = count if restarts is None else restarts
+        why = None  # type: Optional[str]
+        if state == "failed":
+            why = "its unit failed (%s)" % (props.get("Result") or "failed")
+        elif sub == "auto-restart" or count > restarts:
+            why = "it is crash-looping: its server exited (status %s) and systemd restarts it" % (
+                props.get("ExecMainStatus") or "?")
+        elif state in ("inactive", "deactivating"):
+            why = "its server exited (status %s)" % (props.get("ExecMainStatus") or "?")
+        if why:
+            said = host.journal(instance.unit)
+            return "%s; its journal: %s" % (why, said) if said else "%s: see `journalctl -u %s`" % (why, instance.unit)
+        seen = "unit %s" % state
+        if state == "active":
+            seen = host.answers(instance, max(0.1, min(PROBE_SECONDS, deadline - host.clock()))) or ""
+            if not seen:
+                return None
+        if host.clock() >= deadline:
+            return "not ready after %.0f s (%s)" % (ready_seconds, seen)
+        host.sleep(min(POLL_SECONDS, max(0.0, deadline - host.clock())))
+
+
+def _count(text: Optional[str]) -> int:
+    return int(text) if text and text.isdecimal() and len(text) < 10 else 0
+
+
+def _measured(instance: Instance, host: Host) -> Any:
+    """The running instance's rates before its restart, or why there are none."""
     try:
-        return rates(instance.gate)
+        return host.rates(instance.gate)
     except NumaError as exc:
-        return "no baseline: %s" % exc
+        return "not measured before its restart: %s" % exc
 
 
-def _unbound_baseline(instance: Instance, ready_seconds: float, run: CommandRunner, root: str, answers: Probe,
-                      clock: Callable[[], float], sleep: Callable[[float], None], rates: Measure) -> Any:
-    """A first deployment's rates started once without placement (the Linux default), or why there are none;
-    the instance is stopped again, its runtime drop-in removed, whatever happened."""
-    directory = os.path.join(root, RUNTIME_UNIT_DIR, instance.unit + ".d")
-    try:
-        _write_baseline_drop_in(root, instance.unit)
-        try:
-            _systemctl(run, "daemon-reload")
-            why = _start(run, "start", instance.unit) or wait_ready(instance, ready_seconds, run, answers, clock,
-                                                                    sleep)
-            return "no unbound baseline: %s" % why if why else rates(instance.gate)
-        finally:
-            try:
-                _systemctl(run, "stop", instance.unit)
-            finally:
-                os.unlink(os.path.join(directory, BASELINE_DROP_IN))
-                with contextlib.suppress(OSError):  # not empty: someone else's drop-ins are there too
-                    os.rmdir(directory)
-                _systemctl(run, "daemon-reload")
-    except (NumaError, OSError) as exc:
-        return "no unbound baseline: %s" % exc
+def _unbound_baseline(instance: Instance, options: Options, host: Host) -> Any:
+    """A first deployment's rates started once without placement (the Linux default), or why there are none.
+    Stopped again and its runtime drop-in removed whatever happened; a step of that which fails is the
+    answer, as the bound start could then run unbound."""
+    problem = _write_baseline_drop_in(options.root, instance.unit) or host.systemctl("daemon-reload")
+    rates = None
+    if not problem:
+        problem = host.systemctl("start", instance.unit) or wait_ready(instance, options.ready_seconds, host)
+        if not problem:
+            rates = _measured(instance, host)
+    cleanup = [step for step in (host.systemctl("stop", instance.unit), remove_baseline_drop_in(options.root,
+               instance.unit), host.systemctl("daemon-reload")) if step]
+    if problem or cleanup:
+        return "no unbound baseline: %s" % "; ".join(([problem] if problem else []) + cleanup)
+    return rates
 
 
-def _write_baseline_drop_in(root: str, unit: str) -> None:
+def _baseline_directory(root: str, unit: str) -> str:
+    return os.path.join(RUNTIME_UNIT_DIR, unit + ".d")
+
+
+def _write_baseline_drop_in(root: str, unit: str) -> Optional[str]:
     """The runtime drop-in of the unbound baseline, in /run (gone at a reboot), written in directories root alone
-    may write, reached without following a link."""
-    names = safe_fs.names_of(root, os.path.join(RUNTIME_UNIT_DIR, unit + ".d"))
-    fd, problem, _owner = safe_fs.open_directory(root, names, safe_fs.PRIVATE_DIR, create=True)
+    may write, reached without following a link; None, or why it could not be."""
+    try:
+        names = safe_fs.names_of(root, _baseline_directory(root, unit))
+        fd, problem, _owner = safe_fs.open_directory(root, names, safe_fs.PRIVATE_DIR, create=True)
+    except OSError as exc:
+        return "no runtime drop-in for the unbound baseline: %s" % exc
     if problem:
-        raise NumaError("refusing %s for the unbound baseline: %s" % (problem.path, problem.why))
+        return "refusing %s for the unbound baseline: %s" % (problem.path, problem.why)
     try:
         safe_fs.write_atomically(fd, BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT.encode("utf-8"), 0o644,
                                  "." + BASELINE_DROP_IN)
+    except OSError as exc:
+        return "no runtime drop-in for the unbound baseline: %s" % exc
     finally:
         os.close(fd)
+    return None
 
 
-def _ab(result: Dict[str, Any], instance: Instance, before: Any, rates: Measure) -> Dict[str, Any]:
+def remove_baseline_drop_in(root: str, unit: str) -> Optional[str]:
+    """The unbound baseline's runtime drop-in removed (and its directory, when empty); None, or why not."""
+    try:
+        fd, _problem, _owner = safe_fs.walk(root, safe_fs.names_of(root, _baseline_directory(root, unit)), None)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return "the unbound baseline's drop-in of %s not removed: %s" % (unit, exc)
+    try:
+        os.unlink(BASELINE_DROP_IN, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        return "the unbound baseline's drop-in of %s not removed: %s" % (unit, exc.strerror or exc)
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(os.path.join(root, _baseline_directory(root, unit)))
+    except OSError:
+        pass  # not empty: someone else's drop-ins are there too
+    return None
+
+
+def _ab(result: Dict[str, Any], instance: Instance, before: Optional[List[float]], host: Host,
+        first: bool) -> Dict[str, Any]:
     """The A/B verdict of a restarted instance that passed its gates (``ab_gate``; kept False: it got slower).
     A first deployment's verdict compares binding with the unbound default, and keeps the binding."""
     if not result["ok"] or before is None:
         return result
-    if isinstance(before, str):
-        return dict(result, ab_gate={"kept": True, "msg": before})
     try:
-        verdict = judge(before, rates(instance.gate), instance.gate.min_gain_percent)
+        verdict = judge(before, host.rates(instance.gate), instance.gate.min_gain_percent)
     except NumaError as exc:
         return dict(result, ok=False, msg="%s: not measured after its restart: %s" % (instance.unit, exc))
-    if instance.first:
+    if first:
         verdict = dict(verdict, kept=True, baseline="unbound", msg=first_verdict(verdict))
-        return dict(result, ab_gate=verdict, msg="%s; %s" % (result["msg"], verdict["msg"]))
     if verdict["kept"]:
         return dict(result, ab_gate=verdict, msg="%s; %s" % (result["msg"], verdict["msg"]))
     return dict(result, ab_gate=verdict, msg="%s: %s" % (instance.unit, verdict["msg"]))
@@ -243,79 +459,106 @@ def first_verdict(verdict: Mapping[str, Any]) -> str:
                "service's layout, threads and reserve_cpus"))
 
 
-def wait_ready(instance: Instance, ready_seconds: float, run: CommandRunner, answers: Probe = probe,
-               clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
-               ) -> Optional[str]:
-    """None once the instance is active and answers, else why not (its unit failed, or time ran out)."""
-    deadline = clock() + ready_seconds
-    seen = "not started"
-    while True:
-        props = show_units([instance.unit], run)[instance.unit]
-        state = props.get("ActiveState")
-        if state == "failed":
-            return "its unit failed (%s): see `journalctl -u %s`" % (props.get("Result") or "failed", instance.unit)
-        if state == "active":
-            seen = answers(instance) or ""
-            if not seen:
-                return None
-        else:
-            seen = "unit %s" % state
-        if clock() >= deadline:
-            return "not ready after %.0f s (%s)" % (ready_seconds, seen)
-        sleep(POLL_SECONDS)
+# --- taking a change back --------------------------------------------------------------------------------
 
 
-def undo(done: Sequence[Tuple[Instance, str]], pending: Sequence[Tuple[Instance, str]], ready_seconds: float,
-         run: CommandRunner, answers: Probe = probe, clock: Callable[[], float] = time.monotonic,
-         sleep: Callable[[float], None] = time.sleep, rejected: bool = False) -> Dict[str, str]:
-    """Take the host's whole change back: every kept file gets its ``.previous`` back (a unit template is shared
-    by all the instances of its service, so one instance alone cannot go back), the instances already
-    (re)started restart on them, a first deployment is stopped, and the pending ones are left as they run.
-    ``rejected`` (the A/B gate's verdict, not a failure): the new files are kept as ``<file>.rejected``, for the
-    role not to try the same change again. Returns unit -> what was done to it."""
-    restored = False
-    for instance, _action in list(done) + list(pending):
-        for path in instance.kept:
-            if os.path.isfile(path + PREVIOUS_SUFFIX):
-                if rejected:
-                    os.replace(path, path + REJECTED_SUFFIX)
-                os.replace(path + PREVIOUS_SUFFIX, path)
-                restored = True
-    if restored:
-        _systemctl(run, "daemon-reload")
-    said = {}
-    for instance, _action in done:
-        if not instance.kept:
-            _systemctl(run, "stop", instance.unit)
-            said[instance.unit] = "stopped: its first deployment, nothing to go back to"
+def take_back(pending: Pending, options: Options, host: Host,
+              instances: Mapping[str, Instance]) -> Tuple[Dict[str, str], List[str]]:
+    """Put the host back as it was before ``pending``'s change: (unit -> what was done to it, every step that
+    failed). Every step is tried whatever the ones before did: the instances that did not run before (first
+    deployments among them) are stopped, every written file gets its previous text back, the unbound
+    baseline's drop-ins go, systemd reloads, and the instances that ran restart on their previous files.
+    With a failed reload no instance is restarted: systemd would start it on the change it still holds.
+    ``instances`` say how to tell each is ready again (one not among them: when systemd says active)."""
+    said = {}  # type: Dict[str, str]
+    problems = []  # type: List[str]
+    restart = [unit for unit in pending.touched if pending.units[unit] and unit not in pending.first]
+    for unit in pending.touched:
+        if unit in restart:
             continue
-        _systemctl(run, "restart", instance.unit)
-        why = wait_ready(instance, ready_seconds, run, answers, clock, sleep)
-        said[instance.unit] = "back on its previous unit and plan, %s" % ("ready" if why is None else
-                                                                          "NOT ready: %s" % why)
-    for instance, _action in pending:
-        said[instance.unit] = "left on its previous unit and plan"
-    return said
+        problem = host.systemctl("stop", unit)
+        said[unit] = ("stopped: %s" % ("its first deployment, nothing to go back to" if unit in pending.first else
+                                       "it did not run before the change") if not problem else "NOT stopped")
+        problems += [problem] if problem else []
+    problems += ["%s not put back" % problem for problem in write_files(pending.files)]
+    problems += [problem for problem in (remove_baseline_drop_in(options.root, unit) for unit in pending.touched)
+                 if problem]
+    reload = host.systemctl("daemon-reload")
+    for unit in restart:
+        if reload:
+            said[unit] = "NOT restarted: systemd did not reload"
+            continue
+        refused = host.systemctl("restart", unit)
+        if refused:  # what runs now is unknown: the change's process may still be running
+            said[unit] = "NOT restarted"
+            problems.append("%s not back: %s" % (unit, refused))
+            continue
+        # Restarted on its previous files: not ready there either is the server's trouble, said, not retried.
+        why = wait_ready(instances.get(unit, Instance(unit, None, None, None)), options.ready_seconds, host)
+        said[unit] = "back on its previous unit and plan, %s" % ("ready" if why is None else "NOT ready: %s" % why)
+    if reload:
+        problems.append(reload + ("; %s not restarted" % ", ".join(restart) if restart else ""))
+    for unit in pending.units:
+        said.setdefault(unit, "left on its previous unit and plan")
+    return said, problems
 
 
-def _systemctl(run: CommandRunner, action: str, unit: Optional[str] = None) -> None:
-    argv = ["systemctl", action] + (["--", unit] if unit else [])
-    rc, out, err = run(argv)
-    if rc != 0:
-        raise NumaError("%s failed (rc %d): %s" % (" ".join(argv), rc, (err or out).strip()))
+# --- results ----------------------------------------------------------------------------------------------
 
 
 def _result(instance: Instance, action: str, ok: bool, msg: str) -> Dict[str, Any]:
     return {"unit": instance.unit, "action": action, "ok": ok, "msg": msg, "rolled_back": None, "ab_gate": None}
 
 
-def _summary(results: List[Dict[str, Any]], changed: bool) -> Dict[str, Any]:
-    # A change the A/B gate rolled back is a verdict, not a failure: the instances run, on their previous placement.
-    failed = [result for result in results if not result["ok"] and not result.get("skipped")]
-    slower = [result for result in results if (result["ab_gate"] or {}).get("kept") is False]
-    if failed or slower:
-        msg = "; ".join(result["msg"] for result in failed + slower) + "; the change was rolled back: " + "; ".join(
-            "%s %s" % (result["unit"], result["rolled_back"]) for result in results if result["rolled_back"])
-    else:
-        msg = "%d instance(s) started or restarted, each ready" % len(results) if results else "every instance runs"
-    return {"changed": changed, "failed": bool(failed), "msg": msg, "instances": results}
+class _Report:
+    """What a deployment says: the services' files and holds, the instances, and what was taken back."""
+
+    def __init__(self, changes: Sequence[Change], found: Mapping[str, Found], taken_back: Mapping[str, str],
+                 earlier: Optional[Pending], warnings: List[str]) -> None:
+        self.changes = changes
+        self.found = found
+        self.taken_back = taken_back
+        self.earlier = earlier
+        self.warnings = warnings
+
+    def _base(self, changed: bool) -> Dict[str, Any]:
+        services = {change.service: {"written": sorted(change.writes), "held": change.held}
+                    for change in self.changes}
+        diffs = [(path, self.found.get(path, Found(None)).text, text) for change in self.changes
+                 for path, text in sorted(change.writes.items())]
+        return {"changed": changed, "failed": False, "services": services, "diffs": diffs,
+                "warnings": list(self.warnings), "instances": []}
+
+    def _notes(self) -> List[str]:
+        notes = ["%s: this change is not tried again: its A/B gate rolled it back before (ab-gates.json has the "
+                 "figures); change the service, or remove %s.rejected.json from the plan directory, to measure it "
+                 "again" % (change.service, change.service) for change in self.changes if change.held]
+        if self.earlier is not None:
+            notes.insert(0, "an earlier change nobody judged was taken back first (%s)" % (
+                "; ".join("%s %s" % item for item in sorted(self.taken_back.items())) or "no instance touched"
+                if self.taken_back or not self.earlier.units else "would be taken back first"))
+        return notes
+
+    def summary(self, results: List[Dict[str, Any]], changed: bool, undo_problems: Sequence[str] = (),
+                options: Optional[Options] = None) -> Dict[str, Any]:
+        """The outcome; failed when a gate failed (not for a slower change taken back completely) or when a
+        rollback left something undone."""
+        failed = [result for result in results if not result["ok"] and not result.get("skipped")]
+        slower = [result for result in results if not _kept(result)]
+        if failed or slower:
+            msg = "; ".join(result["msg"] for result in failed + slower) + "; the change was rolled back: " + "; ".join(
+                "%s %s" % (result["unit"], result["rolled_back"]) for result in results if result["rolled_back"])
+        else:
+            msg = ("%d instance(s) started or restarted, each ready" % len(results) if results else
+                   "every instance runs")
+        if undo_problems and options is not None:
+            msg += "; the rollback is INCOMPLETE: %s; %s" % ("; ".join(undo_problems), _marked(options))
+        return dict(self._base(changed), failed=bool(failed or undo_problems), instances=results,
+                    msg="; ".join(self._notes() + [msg]))
+
+    def not_applied(self, problems: Sequence[str], undo_problems: Sequence[str], options: Options) -> Dict[str, Any]:
+        """The change could not be written (or systemd not reloaded): nothing was restarted."""
+        msg = "the change was not applied: %s; nothing was restarted, %s" % (
+            "; ".join(problems), "its files were put back" if not undo_problems else
+            "and putting its files back failed too: %s; %s" % ("; ".join(undo_problems), _marked(options)))
+        return dict(self._base(True), failed=True, msg="; ".join(self._notes() + [msg]))

@@ -11,7 +11,9 @@ from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 from ..base.errors import NumaError
 
-UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup")
+# NRestarts and ExecMainStatus: a unit that systemd keeps restarting is crash-looping, whatever its ActiveState says.
+UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", "ControlGroup", "NRestarts",
+                   "ExecMainStatus")
 # Where a unit's ControlGroup is found: the unified hierarchy, then the legacy and hybrid layouts' trees.
 CGROUP_ROOTS = ("sys/fs/cgroup", "sys/fs/cgroup/systemd", "sys/fs/cgroup/unified")
 

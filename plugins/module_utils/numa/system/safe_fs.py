@@ -119,6 +119,9 @@ PRIVATE_DIR = TrustRule("private", ROOT_OR_SELF, GROUP_REFUSED, False, LAST, 0o7
 RECORD_DIR = TrustRule("records", ROOT_OR_SELF, GROUP_REFUSED, False, EVERY, None, missing_first=True)
 #: A file root trusts that was written as root (a plan record, the drift state): the same owners and bits.
 TRUSTED_FILE = RECORD_DIR
+#: A deployment's units, drop-ins and records (act/change_files), from / down, made 0755 when missing: what root
+#: writes there decides what every server runs, and the record of a change not judged yet what a rollback restores.
+DEPLOYED = TrustRule("deployed", ROOT_OR_SELF, GROUP_REFUSED, False, EVERY, 0o755)
 #: numa-pin's installed code and launcher, from / down, by path and by realpath; a missing part is
 #: not installed yet. Kept by roles/numa_host/files/installed_stamp.py, which runs on the host
 #: before this package is there (tests/unit/test_safe_fs.py holds the two to the same verdicts).

@@ -25,6 +25,7 @@ from ..inputs import judging
 from ..system import safe_fs, trusted_files
 from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
 from ..base.errors import NumaError, shown
+from ..decide.rollout import AB_GATES, AUDIT_RECORD
 
 PLAN_DIR = "/etc/inferops-numa"
 ON_DRIFT = ("none", "evict", "restart")
@@ -33,8 +34,6 @@ DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
 
 PLAN_SUFFIX = ".plan.json"
-# The A/B gates' verdicts of the last placement change (inference_service/tasks/main.yml writes it).
-AB_GATES = "ab-gates.json"
 # Every name a record could have, read for the unit it would name: svc@1 and svc@01 both name svc@1.service.
 _RECORD_NAME = re.compile(r"(.*)@([0-9]+)\.plan\.json", re.DOTALL)
 # The names the inference_service role writes: unit_text.unit_prefix's service names, less a leading '-'
@@ -236,7 +235,7 @@ def is_count(value: Any, largest: int) -> bool:
 def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any]:
     """``<service>.audit.json`` in the plan directory (the role writes it): how the service is judged and
     what drift does; the role's defaults where there is none."""
-    name = "%s.audit.json" % service
+    name = AUDIT_RECORD % service
     path = os.path.join(plan_dir, name)
     try:
         written, _mtime = trusted_files.read_trusted_json(plan_fd, name, path, REDEPLOY)

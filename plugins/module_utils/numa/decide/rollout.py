@@ -1,0 +1,92 @@
+"""What a deployment changes on a host, decided from what it wants and what is there: which files it writes,
+which instances restart for them, which change it holds back as one an A/B gate rolled back before, and what a
+rollback has to put back.
+
+A service wants each of its files to hold a text (its unit template, each instance's plan record and systemd
+placement drop-in, how the metrics judge it) or to be absent (a placement drop-in left from ``pin_mode: systemd``).
+An instance restarts when a file it starts from changes: the template, which all instances of the service share,
+its own drop-in or its own plan record. Its first deployment is the one without a plan record yet.
+
+A change is held when the service has an A/B gate and every file the change would write holds exactly what a
+change the gate rolled back wrote there (the rejected record, by digest): trying it again would be measured and
+rolled back at every run. A change of which only a part was rejected is another change, and is measured. Without
+a gate a change is the operator's and is never held.
+
+Pure: the act layer (act/rollout.py) reads the files, writes them and restarts the instances.
+"""
+
+import hashlib
+from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
+
+# The records a deployment keeps in the plan directory besides the plans (``<unit>@<index>.plan.json``): how each
+# service is judged (numa-pin metrics read it), the record of a change not judged yet (act/change_files), the
+# change each service's A/B gate rolled back last, and the gates' verdicts (the metrics and the fleet report show
+# them).
+AUDIT_RECORD = "%s.audit.json"
+PENDING = "rollout.pending.json"
+REJECTED = "%s.rejected.json"
+AB_GATES = "ab-gates.json"
+
+
+class Found(NamedTuple):
+    """What a path holds now: its text (None: no file there), and whether it is as a deployment leaves it
+    (a regular file root owns that no one else may write, with the mode wanted). A file that is not is written
+    again even when its text is right."""
+    text: Optional[str]
+    as_left: bool = True
+
+
+NOTHING = Found(None)
+
+
+class Service(NamedTuple):
+    """What a service wants on the host."""
+    name: str
+    files: Mapping[str, Optional[str]]  # path -> the text it must hold; None: no file there
+    units: Mapping[str, Tuple[str, ...]]  # instance unit -> the paths its process starts from
+    records: Mapping[str, str]  # instance unit -> its plan record's path
+    gated: bool  # an A/B gate judges its changes
+    systemd: FrozenSet[str] = frozenset()  # the paths systemd reads (units, drop-ins): a change needs a reload
+
+
+class Change(NamedTuple):
+    """What a deployment does to one service."""
+    service: str
+    writes: Dict[str, Optional[str]]  # path -> the text to write; None: remove the file. Empty when held.
+    held: bool  # a change its A/B gate rolled back before: nothing written, nothing restarted
+    restart: Tuple[str, ...]  # the instances a written file restarts, in the service's order
+    first: Tuple[str, ...]  # the instances deployed for the first time (no plan record yet)
+    reload: bool  # a file systemd reads is written: systemd must reload before any restart
+
+
+def digest(text: Optional[str]) -> Optional[str]:
+    """The digest a rejected record keeps of a text (None for a file that must be absent)."""
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def decide(service: Service, found: Mapping[str, Found], rejected: Mapping[str, Optional[str]]) -> Change:
+    """The change ``service`` makes on a host whose paths hold ``found`` (a path left out holds nothing), given
+    the rejected record of its last change an A/B gate rolled back (path -> digest; empty: none)."""
+    changing = {path: text for path, text in service.files.items() if _differs(found.get(path, NOTHING), text)}
+    held = service.gated and bool(changing) and all(
+        path in rejected and rejected[path] == digest(text) for path, text in changing.items())
+    writes = {} if held else changing
+    restart = tuple(unit for unit, paths in service.units.items() if any(path in writes for path in paths))
+    first = tuple(unit for unit, record in service.records.items() if found.get(record, NOTHING).text is None)
+    return Change(service.name, writes, held, restart, first, any(path in service.systemd for path in writes))
+
+
+def _differs(now: Found, wanted: Optional[str]) -> bool:
+    if wanted is None:
+        return now.text is not None or not now.as_left
+    return now.text != wanted or not now.as_left
+
+
+def rejected_record(change: Change) -> Dict[str, Optional[str]]:
+    """What to keep of a change its A/B gate rolled back, for ``decide`` to hold it next time."""
+    return {path: digest(text) for path, text in change.writes.items()}
+
+
+def previous_texts(changes: Tuple[Change, ...], found: Mapping[str, Found]) -> Dict[str, Optional[str]]:
+    """What a rollback writes back: each written path's text before the change (None: no file was there)."""
+    return {path: found.get(path, NOTHING).text for change in changes for path in change.writes}
