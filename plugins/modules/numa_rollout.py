@@ -212,12 +212,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 instances:
-  description: What was done to each instance that needed it, in order.
+  description:
+    - What was done to each instance that needed it, in order; C(seconds) is how long it took to be ready (or to
+      fail its readiness).
   returned: always
   type: list
   elements: dict
   sample: [{"unit": "llama@0.service", "action": "restart", "ok": true, "msg": "restarted and ready",
-            "rolled_back": null, "ab_gate": null}]
+            "rolled_back": null, "ab_gate": null, "seconds": 12.5}]
 services:
   description: Per service, the files written (or that would be) and whether its change was held as one an A/B gate rolled back before.
   returned: always

@@ -307,8 +307,11 @@ def _touch(pending: Pending, units: Sequence[str], options: Options) -> Optional
 
 def _gate(group: Sequence[Tuple[Instance, str]], refused: Mapping[str, Optional[str]], options: Options,
           host: Host) -> List[Dict[str, Any]]:
-    waits = {instance.unit: refused[instance.unit] or wait_ready(instance, options.ready_seconds, host)
-             for instance, _action in group}
+    waits, seconds = {}, {}  # type: Dict[str, Optional[str]], Dict[str, float]
+    for instance, _action in group:
+        began = host.clock()
+        waits[instance.unit] = refused[instance.unit] or wait_ready(instance, options.ready_seconds, host)
+        seconds[instance.unit] = round(host.clock() - began, 1)
     audits = [instance.audit for instance, _action in group if instance.audit and waits[instance.unit] is None]
     reports = {report["unit"]: report for report in
                (audit_units(options.root, audits, options.ready_seconds, options.settle_seconds, run=host.run,
@@ -318,10 +321,9 @@ def _gate(group: Sequence[Tuple[Instance, str]], refused: Mapping[str, Optional[
         why = waits[instance.unit]
         if why is None and instance.unit in reports and not reports[instance.unit]["ok"]:
             why = "its audit failed: %s" % reports[instance.unit]["msg"]
-        if why is None:
-            results.append(_result(instance, action, True, "%s and ready" % DONE[action]))
-        else:
-            results.append(_result(instance, action, False, "%s: %s" % (instance.unit, why)))
+        result = (_result(instance, action, True, "%s and ready" % DONE[action]) if why is None else
+                  _result(instance, action, False, "%s: %s" % (instance.unit, why)))
+        results.append(dict(result, seconds=seconds[instance.unit]))
     return results
 
 
