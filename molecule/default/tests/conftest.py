@@ -160,6 +160,24 @@ def converge(*extra: str) -> None:
                    check=True, timeout=budget(CONVERGE_S), cwd=PROJECT)
 
 
+def converge_failing(*extra: str) -> str:
+    """converge.yml again with ``extra`` arguments, expected to fail; its output (stdout and stderr)."""
+    playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
+    done = subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
+                           os.path.join(SCENARIO_DIR, "converge.yml")] + list(extra),
+                          timeout=budget(CONVERGE_S), cwd=PROJECT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          universal_newlines=True, check=False)
+    assert done.returncode != 0, "converge.yml passed where it was to fail:\n%s" % done.stdout[-3000:]
+    return done.stdout
+
+
+def failed_task_result(output: str, task: str) -> dict:
+    """The JSON result ansible-playbook printed for ``task``'s failure ("fatal: [host]: FAILED! => {...}")."""
+    section = output[output.index("TASK [%s" % task):]
+    start = section.index("FAILED! => ") + len("FAILED! => ")
+    return json.JSONDecoder().raw_decode(section[start:])[0]
+
+
 def ensure_layout(numa: int) -> None:
     if labvm.instance(VM_NAME).get("numa") != numa:
         labvm.relayout(VM_NAME, numa)

@@ -21,8 +21,8 @@ import statistics
 
 import pytest
 
-from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, converge, journal, node_cpus, placement,
-                      share, wait_until)
+from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, converge, converge_failing,
+                      failed_task_result, journal, node_cpus, placement, share, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -333,3 +333,79 @@ def report(found_by_step, polls=None, append=False):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "ab-gate.txt"), "a" if append else "w") as handle:
         handle.write(text)
+
+
+# --- a change that fails: taken back whole, in seconds, with the reason ---------------------------------------
+
+ROLLOUT_TASK = "Deploy the services' files and start or restart their instances behind their gates"
+PENDING = "/etc/inferops-numa/rollout.pending.json"
+
+
+def llama_entry(**changes):
+    (entry,) = [entry for entry in json.loads(run_vars())["inference_service_list"] if entry["name"] == "llama"]
+    return dict(entry, **changes)
+
+
+def converge_llama_failing(tmp_path, name, **changes):
+    """converge_llama, expected to fail at the rollout; numa_rollout's result."""
+    variables = json.loads(run_vars())
+    variables["inference_service_list"] = [llama_entry(**changes) if entry["name"] == "llama" else entry
+                                           for entry in variables["inference_service_list"]]
+    path = tmp_path / ("%s.json" % name)
+    path.write_text(json.dumps(variables))
+    return failed_task_result(converge_failing("-e", "@%s" % path), ROLLOUT_TASK)
+
+
+def test_a_crash_looping_server_fails_its_canary_in_seconds_with_its_journal_and_goes_back(host, tmp_path):
+    """llama-server refuses an argument and exits at once; under Restart=on-failure its unit is never "failed",
+    only restarted: the rollout sees the crash loop at its next look and quotes the journal's cause."""
+    before = invocations(host)
+    result = converge_llama_failing(tmp_path, "crash", command=llama_entry()["command"] + ["--bogus-flag"])
+    first = result["instances"][0]
+    report_line("crash loop: %s failed after %.1f s: %s" % (first["unit"], first["seconds"], first["msg"]))
+    assert first["unit"] == "llama@0.service" and not first["ok"], result["instances"]
+    assert "it is crash-looping" in first["msg"] and "--bogus-flag" in first["msg"], first["msg"]
+    assert first["seconds"] < 60, first
+    assert first["rolled_back"].startswith("back on its previous unit and plan, ready"), first
+    assert result["instances"][1]["skipped"], result["instances"]
+    # Back on the judged placement, the record gone; llama@1 never touched.
+    assert not host.file(PENDING).exists
+    assert invocations(host)["llama@1"] == before["llama@1"]
+    for unit, (_port, node) in PER_NODE.items():
+        assert placement(host, unit)["cpus"] == node_cpus(host, node)
+        assert "--bogus-flag" not in host.file("/proc/%d/cmdline" % placement(host, unit)["pid"]).content_string
+
+
+def test_a_pin_mode_systemd_change_rolled_back_restores_the_previous_affinity(host, tmp_path):
+    """pin_mode systemd keeps the placement in each instance's drop-in: a rollback that put back the unit and
+    the plan but not the drop-in would restart the instance on the rejected CPUAffinity=."""
+    drop_in = "/etc/systemd/system/llama@0.service.d/50-inferops-numa.conf"
+    # The shared model file (no per-node copy in this mode) may be cached on either node: the audit counts anon pages.
+    systemd_mode = {"pin_mode": "systemd", "page_cache": "evict", "pages": "anon"}
+    try:
+        converge_llama(tmp_path, "systemd", **systemd_mode)
+        kept = host.file(drop_in).content_string
+        assert "CPUAffinity=%s" % node_cpus(host, 0) in kept, kept
+        assert placement(host, "llama@0")["cpus"] == node_cpus(host, 0)
+        # Instance 0 on CPU 0 alone, and a unit whose start fails: the change is taken back whole.
+        result = converge_llama_failing(tmp_path, "systemd-failing", reserve_cpus="1,3",
+                                        extra_settings={"ExecStartPre": "/bin/false"}, **systemd_mode)
+        first = result["instances"][0]
+        report_line("pin_mode systemd rollback: %s; %s" % (first["msg"], first["rolled_back"]))
+        assert not first["ok"] and first["rolled_back"].startswith("back on its previous unit and plan, ready")
+        assert host.file(drop_in).content_string == kept
+        status = host.file("/proc/%d/status" % placement(host, "llama@0")["pid"]).content_string
+        assert "Cpus_allowed_list:\t%s\n" % node_cpus(host, 0) in status, status
+        assert not host.file(PENDING).exists
+    finally:
+        converge_llama(tmp_path, "wrapper-again")
+    assert not host.file(drop_in).exists
+
+
+def report_line(line):
+    """One line added to build/reports/rollout.txt, and printed."""
+    print("\n" + line)
+    out = os.path.join(PROJECT, "build", "reports")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "rollout.txt"), "a") as handle:
+        handle.write(line + "\n")
