@@ -280,7 +280,7 @@ def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_
         before = invocations(host)
         converge_llama(tmp_path, "same", ab_gate=GATE)
         assert invocations(host) == before
-        # The change the gate rolled back is not tried again (its files were kept as .rejected).
+        # The change the gate rolled back is not tried again (its files' digests were kept in llama.rejected.json).
         converge_llama(tmp_path, "slower-again", ab_gate=GATE, **squeezed())
         assert invocations(host) == before
         for unit, (_port, node) in PER_NODE.items():

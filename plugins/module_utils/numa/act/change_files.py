@@ -199,10 +199,6 @@ def write_rejected(record_dir: str, service: str, files: Mapping[str, Optional[s
     _write_record(record_dir, REJECTED % service, text)
 
 
-def remove_rejected(record_dir: str, service: str) -> None:
-    _write_record(record_dir, REJECTED % service, None)
-
-
 def merge_verdicts(record_dir: str, verdicts: Mapping[str, Any], warnings: List[str]) -> None:
     """ab-gates.json with this run's verdicts over the earlier ones (other services' verdicts are kept)."""
     if not verdicts:

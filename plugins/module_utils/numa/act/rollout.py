@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 from .ab_gate import Gate, judge, measure
 from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, remove_pending,
-                           remove_rejected, write_files, write_pending, write_rejected)
+                           write_files, write_pending, write_rejected)
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
 from ..decide.rollout import Change, Found, Service, decide, previous_texts, rejected_record
@@ -215,9 +215,6 @@ def deploy(deployments: Sequence[Deployment], options: Options, host: Host, chec
     if all(result["ok"] and _kept(result) for result in results):
         remove_pending(options.record_dir)
         merge_verdicts(options.record_dir, _verdicts(results), warnings)
-        for change in changes:
-            if change.writes:
-                remove_rejected(options.record_dir, change.service)
         return report.summary(results, True)
     said, undo_problems = take_back(pending, options, host, by_unit)
     for result in results:
