@@ -57,7 +57,8 @@ class FakeSystemd:
             "1" if state == "failed" else "0")
 
     def actions(self):
-        return [call for call in self.calls]
+        """The calls that change a unit (every start is preceded by its reset-failed, checked on its own)."""
+        return [call for call in self.calls if call[0] != "reset-failed"]
 
     def host(self, answers=None, rates=None):
         return rollout.Host(self.run, answers or (lambda instance, seconds: None),
@@ -147,7 +148,7 @@ def test_a_changed_template_restarts_every_instance_after_one_reload_and_nothing
     rollout.deploy([tree.deployment()], tree.options(), systemd.host())
     assert systemd.actions() == [["daemon-reload"], ["restart", "a@0.service"], ["restart", "a@1.service"]]
     again = rollout.deploy([tree.deployment()], tree.options(), systemd.host())
-    assert again["changed"] is False and again["msg"] == "every instance runs" and len(systemd.calls) == 3
+    assert again["changed"] is False and again["msg"] == "every instance runs" and len(systemd.actions()) == 3
     with pytest.raises(NumaError, match="give 1 or more"):
         rollout.deploy([], tree.options(batch=0), systemd.host())
 
@@ -177,7 +178,7 @@ def test_check_mode_says_what_it_would_write_and_restart_and_does_nothing(tree):
     tree.lay(plans=["{}\n"])
     systemd = FakeSystemd(active=["a@0.service"])
     result = rollout.deploy([tree.deployment()], tree.options(), systemd.host(), check=True)
-    assert systemd.calls == [] and result["changed"] and _text(tree.template) == OLD
+    assert systemd.actions() == [] and result["changed"] and _text(tree.template) == OLD
     assert [(r["unit"], r["msg"]) for r in result["instances"]] == [
         ("a@0.service", "would restart a@0.service"), ("a@1.service", "would start a@1.service")]
     assert (tree.template, OLD, NEW) in result["diffs"] and (tree.record(1), None, "{}\n") in result["diffs"]
@@ -301,7 +302,7 @@ def test_a_failed_reload_in_the_rollback_restarts_nothing_and_the_next_run_finis
     answers = iter([None, "answered 503"] + [None] * 20)
 
     def flaky(instance, seconds):
-        if systemd.calls[-1] == ["restart", "a@1.service"] and not systemd.fails[("daemon-reload", None)]:
+        if systemd.actions()[-1] == ["restart", "a@1.service"] and not systemd.fails[("daemon-reload", None)]:
             systemd.fails[("daemon-reload", None)] = 1  # the rollback's reload fails
         return next(answers)
     result = rollout.deploy([tree.deployment()], tree.options(ready_seconds=0), systemd.host(flaky))
@@ -361,7 +362,7 @@ def test_a_record_root_cannot_trust_is_refused_before_any_change(tree):
     os.chmod(os.path.join(tree.dir, change_files.PENDING), 0o666)
     with pytest.raises(NumaError, match="only a regular file that root alone may write"):
         rollout.deploy([tree.deployment()], tree.options(), systemd.host())
-    assert systemd.calls == []
+    assert systemd.actions() == []
 
 
 def test_a_file_that_cannot_be_written_restarts_nothing_and_puts_the_others_back(tree):
@@ -369,7 +370,7 @@ def test_a_file_that_cannot_be_written_restarts_nothing_and_puts_the_others_back
     os.makedirs(tree.record(1))  # a directory where instance 1's plan belongs
     systemd = FakeSystemd(active=units())
     result = rollout.deploy([tree.deployment()], tree.options(), systemd.host())
-    assert result["failed"] and systemd.calls == [["daemon-reload"]]  # the rollback's: nothing restarted
+    assert result["failed"] and systemd.actions() == [["daemon-reload"]]  # the rollback's: nothing restarted
     assert result["msg"].startswith("the change was not applied: %s: not written" % tree.record(1))
     assert _text(tree.template) == OLD and tree.pending() is None
 
@@ -419,14 +420,14 @@ def test_a_slower_placement_is_rolled_back_kept_as_rejected_and_held_the_next_ti
     assert rejected["files"] == {tree.template: digest(NEW)}
     # The same change again: held, nothing written or restarted; another change is measured.
     again, systemd = gated(tree, None, None)
-    assert again["services"]["a"]["held"] and systemd.calls == [] and _text(tree.template) == OLD
+    assert again["services"]["a"]["held"] and systemd.actions() == [] and _text(tree.template) == OLD
     assert "this change is not tried again" in again["msg"]
     other, _systemd = gated(tree, [8.0, 8.1, 7.9], [8.0, 8.1, 7.9], plans=['{"other": 1}\n'])
     assert not other["services"]["a"]["held"] and _text(tree.template) == NEW
     # Another change was kept since; back where the rejected change started, it is still not tried again.
     tree.lay(template=OLD, plans=["{}\n"])
     held, systemd = gated(tree, None, None)
-    assert held["services"]["a"]["held"] and systemd.calls == []
+    assert held["services"]["a"]["held"] and systemd.actions() == []
 
 
 def test_a_change_within_the_noise_is_kept_unless_a_gain_is_demanded(tree):
@@ -466,7 +467,7 @@ def first_deployment(tree, baseline, bound, boots=None, fails=None):
     run = systemd.run
 
     def watched(argv):
-        if argv[1] != "show" and argv[0] == "systemctl":
+        if argv[1] not in ("show", "reset-failed") and argv[0] == "systemctl":
             seen.append((argv[1], os.path.isfile(drop_in)))
         return run(argv)
     systemd.run = watched
@@ -567,3 +568,10 @@ def test_a_role_entry_becomes_the_files_and_instances_of_one_change():
     (drop_in,) = [item for item in systemd["files"] if item["path"].endswith(".conf")]
     assert drop_in["content"] == "CPUAffinity=0-1\n" and drop_in["state"] == "present"
     assert systemd["instances"][0]["audit"] is None
+
+
+def test_a_unit_at_its_start_limit_is_reset_before_each_start():
+    """After a crash loop systemd refuses every start ("start request repeated too quickly") until reset-failed."""
+    systemd = FakeSystemd()
+    assert systemd.host().start("restart", "a@0.service") is None
+    assert systemd.calls == [["reset-failed", "a@0.service"], ["restart", "a@0.service"]]

@@ -144,6 +144,12 @@ class Host:
             return None
         return "%s failed (rc %d): %s" % (" ".join(argv), rc, _one_line((err or out).strip()))
 
+    def start(self, action: str, unit: str) -> Optional[str]:
+        """``systemctl start|restart`` the unit, after ``reset-failed``: a unit that hit its start limit in a
+        crash loop refuses every start until then ("start request repeated too quickly")."""
+        self.systemctl("reset-failed", unit)  # its own failure (a unit not loaded yet) is the start's to say
+        return self.systemctl(action, unit)
+
     def states(self, units: Sequence[str]) -> Dict[str, Dict[str, str]]:
         return show_units(list(units), self.run)
 
@@ -285,7 +291,7 @@ def _batch(group: Sequence[Tuple[Instance, str]], first: Sequence[str], pending:
             instance.unit, DONE[action], refused or unmeasured.get(instance.unit, "another instance of its batch was "
                                                                                   "not measured before its restart")))
                 for instance, action in group]
-    started = {instance.unit: host.systemctl(action, instance.unit) for instance, action in group}
+    started = {instance.unit: host.start(action, instance.unit) for instance, action in group}
     return [_ab(result, instance, baselines.get(instance.unit), host, instance.unit in first)
             for result, (instance, _action) in zip(_gate(group, started, options, host), group)]
 
@@ -375,7 +381,7 @@ def _unbound_baseline(instance: Instance, options: Options, host: Host) -> Any:
     problem = _write_baseline_drop_in(options.root, instance.unit) or host.systemctl("daemon-reload")
     rates = None
     if not problem:
-        problem = host.systemctl("start", instance.unit) or wait_ready(instance, options.ready_seconds, host)
+        problem = host.start("start", instance.unit) or wait_ready(instance, options.ready_seconds, host)
         if not problem:
             rates = _measured(instance, host)
     cleanup = [step for step in (host.systemctl("stop", instance.unit), remove_baseline_drop_in(options.root,
@@ -487,7 +493,7 @@ def take_back(pending: Pending, options: Options, host: Host,
         if reload:
             said[unit] = "NOT restarted: systemd did not reload"
             continue
-        refused = host.systemctl("restart", unit)
+        refused = host.start("restart", unit)
         if refused:  # what runs now is unknown: the change's process may still be running
             said[unit] = "NOT restarted"
             problems.append("%s not back: %s" % (unit, refused))
