@@ -231,7 +231,7 @@ def test_a_slower_placement_is_rolled_back_and_the_host_does_not_fail(tmp_path):
     (only,) = result["instances"]
     assert not result["failed"] and result["changed"] and unit == "old\n"
     assert done == [["restart", "--", "a@0.service"], ["daemon-reload"], ["restart", "--", "a@0.service"]]
-    assert only["msg"].startswith("a@0.service: 8.00 -> 4.00 tokens/s (-50.0 %, noise 2.5 %): rolled back")
+    assert only["msg"].startswith("a@0.service: 8.00 -> 4.00 tokens/s (-50.0 %, noise 5.0 %, capped): rolled back")
 
 
 def test_a_change_within_the_noise_is_kept_unless_a_gain_is_demanded(tmp_path):
@@ -242,21 +242,22 @@ def test_a_change_within_the_noise_is_kept_unless_a_gain_is_demanded(tmp_path):
 
 def test_the_judge_and_the_noise_band():
     verdict = ab_gate.judge([10.0, 10.0, 10.0], [9.0, 9.0, 9.0], None)
-    assert (verdict["gain_percent"], verdict["noise_percent"], verdict["kept"]) == (-10.0, 0.0, False)
-    assert ab_gate.noise_percent([9.0, 10.0, 11.0]) == pytest.approx(10.0)
+    assert (verdict["gain_percent"], verdict["noise_percent"], verdict["kept"]) == (-10.0, 1.0, False)  # the floor
+    assert ab_gate.robust_sigma([9.0, 10.0, 11.0]) == pytest.approx(1.4826 * 1.495)
     assert ab_gate.judge([10.0, 11.0], [10.0, 11.0], None)["kept"]
 
 
 def test_measure_asks_llama_server_and_an_openai_server_the_same_question():
     asked = []
 
-    def ask(base, path, body):
-        asked.append((path, dict(body)))
+    def ask(url, seconds, body):
+        path = url[len(GATE.base_url):]
+        asked.append((path, dict(body or {})))
         if path == "/v1/models":
-            return {"data": [{"id": "m"}]}
+            return ab_gate.engine_http.Answer(200, b'{"data": [{"id": "m"}]}')
         if path == "/completion":
-            return {"timings": {"predicted_per_second": 5.0}}
-        return {"usage": {"completion_tokens": 8}}
+            return ab_gate.engine_http.Answer(200, b'{"timings": {"predicted_per_second": 5.0}}')
+        return ab_gate.engine_http.Answer(200, b'{"usage": {"completion_tokens": 8}}')
     ticks = iter(range(100))
     assert ab_gate.measure(GATE, ask) == [5.0, 5.0, 5.0] and len(asked) == 4  # one warm-up round left out
     assert asked[0] == ("/completion", {"prompt": "Hi", "n_predict": 8, "ignore_eos": True, "cache_prompt": False})
@@ -317,7 +318,7 @@ def test_a_first_deployment_is_measured_unbound_first_then_bound_and_kept(tmp_pa
     assert not drop_in.exists() and not drop_in.parent.exists()
     (only,) = result["instances"]
     assert not result["failed"] and only["ab_gate"]["kept"] and only["ab_gate"]["baseline"] == "unbound"
-    assert only["ab_gate"]["msg"] == ("unbound 4.10 -> bound 8.00 tokens/s (+95.1 %, noise 2.4 %): first deployment, "
+    assert only["ab_gate"]["msg"] == ("unbound 4.10 -> bound 8.00 tokens/s (+95.1 %, noise 5.0 %): first deployment, "
                                       "binding kept")
 
 
