@@ -196,7 +196,7 @@ from typing import Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import REQUEST_SECONDS, Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Instance, roll
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
@@ -223,15 +223,12 @@ def _instance(entry: dict, check: bool) -> Instance:
 
 
 def _gate(entry: dict) -> Optional[Gate]:
-    gate = entry["ab_gate"]
-    if gate is None:
+    if entry["ab_gate"] is None:
         return None
-    if entry["port"] is None or gate["rounds"] < 1 or gate["max_tokens"] < 1:
-        raise NumaError("%s: ab_gate needs the instance's port (port_base), rounds and max_tokens of 1 or more"
-                        % entry["unit"])
-    api = gate["api"] if gate["api"] != "auto" else "llama.cpp" if entry["engine"] == "llama.cpp" else "openai"
-    return Gate("http://127.0.0.1:%d" % entry["port"], api, gate["prompt"], gate["max_tokens"], gate["rounds"],
-                gate["min_gain_percent"])
+    try:
+        return gate_from(entry["ab_gate"], entry["port"], entry["engine"], REQUEST_SECONDS)
+    except NumaError as exc:
+        raise NumaError("%s: %s" % (entry["unit"], exc)) from None
 
 
 # Not a file: the diff of what systemd was (or would be) asked to do, so its header names no path.

@@ -320,3 +320,13 @@ def test_a_gate_that_cannot_measure_is_refused_naming_the_first_problem(values, 
         ab_gate.gate_from(values, port, "llama.cpp", seconds)
     assert str(raised.value).startswith(said) and "\n" not in str(raised.value)
 
+
+def test_numa_rollout_builds_its_gates_with_gate_from():
+    from ansible_collections.inferops.numa.plugins.modules import numa_rollout
+
+    entry = {"unit": "a@0.service", "engine": "llama.cpp", "port": 8080,
+             "ab_gate": {name: None for name in gate_options.DEFAULTS}}
+    assert numa_rollout._gate(entry) == ab_gate.gate_from(None, 8080, "llama.cpp", ab_gate.REQUEST_SECONDS)
+    assert numa_rollout._gate(dict(entry, ab_gate=None)) is None
+    with pytest.raises(NumaError, match=r"^a@0.service: ab_gate needs the instance's port, not None"):
+        numa_rollout._gate(dict(entry, port=None))
