@@ -117,7 +117,7 @@ def measure(gate: Gate, ask: Asker = engine_http.request, clock: Callable[[], fl
 def gather(next_rate: Callable[[], float], rounds: int, max_rounds: int, max_noise_percent: float) -> List[float]:
     """``rounds`` rates, and one more at a time while their own band is wider than ``max_noise_percent`` and there
     are fewer than ``max_rounds``."""
-    rates = [next_rate() for _ in range(rounds)]
+    rates = [next_rate() for _round in range(rounds)]
     while len(rates) < max_rounds and own_band_percent(rates) > max_noise_percent:
         rates.append(next_rate())
     return rates
@@ -175,9 +175,9 @@ def _object(ask: Asker, url: str, seconds: float, body: Optional[Mapping[str, An
 def _member(answer: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
     value = answer.get(key)
     if not isinstance(value, kind):
-        raise NumaError("%s answered %s as %s, not %s; %s" % (what, key, engine_http.described(value),
-                                                               "an object" if kind is dict else "a list",
-                                                               engine_http.ANSWER_FIX))
+        wanted = "an object" if kind is dict else "a list"
+        raise NumaError("%s answered %s as %s, not %s; %s"
+                        % (what, key, engine_http.described(value), wanted, engine_http.ANSWER_FIX))
     return value
 
 
