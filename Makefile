@@ -72,7 +72,7 @@ demo-down: venv
 
 bench: apt lab-venv
 	cd bench && ../$(BIN)/python start_bench.py && ../$(BIN)/python facts_bench.py && ../$(BIN)/python cost_bench.py \
-	  && ../$(BIN)/python llama_bench.py
+	  && ../$(BIN)/python llama_bench.py && ../$(BIN)/python gate_noise_bench.py
 
 clean:
 	rm -rf build $(VENV) tests/output

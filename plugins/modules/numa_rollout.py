@@ -249,7 +249,7 @@ from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import (Deployment, Host, Instance,
                                                                                       Options, deploy)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
@@ -275,7 +275,7 @@ SERVICE_OPTIONS = {"name": {"type": "str", "required": True},
 ROLLOUT_DIFF_HEADER = "systemd units, started or restarted"
 
 
-def _deployment(entry: Dict[str, Any], check: bool) -> Deployment:
+def _deployment(entry: Dict[str, Any], check: bool, request_seconds: float) -> Deployment:
     files = {item["path"]: item["content"] if item["state"] == "present" else None for item in entry["files"]}
     for instance in entry["instances"]:
         unknown = [path for path in instance["files"] + [instance["record"]] if path not in files]
@@ -286,16 +286,17 @@ def _deployment(entry: Dict[str, Any], check: bool) -> Deployment:
                      {item["unit"]: item["record"] for item in entry["instances"]},
                      any(item["ab_gate"] is not None for item in entry["instances"]),
                      frozenset(item["path"] for item in entry["files"] if item["systemd"]))
-    return Deployment(wanted, tuple(_instance(item, files[item["record"]], check) for item in entry["instances"]))
+    return Deployment(wanted, tuple(_instance(item, files[item["record"]], check, request_seconds)
+                                    for item in entry["instances"]))
 
 
-def _instance(entry: Dict[str, Any], record: str, check: bool) -> Instance:
+def _instance(entry: Dict[str, Any], record: str, check: bool, request_seconds: float) -> Instance:
     audit = entry["audit"]
     # A dry run audits nothing.
     return Instance(entry["unit"], health_url(entry["engine"], entry["port"], entry["health_url"]), entry["port"],
                     None if audit is None or check else UnitAudit(entry["unit"], _plan(entry["unit"], record),
                                                                   audit["min_local_percent"], audit["pages"]),
-                    _gate(entry))
+                    _gate(entry, request_seconds))
 
 
 def _plan(unit: str, record: str) -> Dict[str, Any]:
@@ -308,17 +309,13 @@ def _plan(unit: str, record: str) -> Dict[str, Any]:
     return plan
 
 
-def _gate(entry: Dict[str, Any]) -> Optional[Gate]:
-    values = entry["ab_gate"]
-    if values is None:
+def _gate(entry: Dict[str, Any], request_seconds: float) -> Optional[Gate]:
+    if entry["ab_gate"] is None:
         return None
-    problems = gate.problems(values)
-    if entry["port"] is None or problems:
-        raise NumaError("%s: ab_gate: %s" % (entry["unit"], problems[0] if problems else
-                                             "needs the instance's port; set port_base on the service"))
-    api = values["api"] if values["api"] != "auto" else "llama.cpp" if entry["engine"] == "llama.cpp" else "openai"
-    return Gate("http://127.0.0.1:%d" % entry["port"], api, values["prompt"], values["max_tokens"], values["rounds"],
-                values["min_gain_percent"])
+    try:
+        return gate_from(entry["ab_gate"], entry["port"], entry["engine"], request_seconds)
+    except NumaError as exc:
+        raise NumaError("%s: %s" % (entry["unit"], exc)) from None
 
 
 def _diffs(result: Dict[str, Any]) -> List[Dict[str, str]]:
@@ -343,7 +340,8 @@ def main() -> None:
     options = Options(params["record_dir"], params["batch"], params["ready_seconds"], params["settle_seconds"],
                       params["root"])
     try:
-        deployments = [_deployment(entry, module.check_mode) for entry in params["services"]]
+        # A request of the A/B gate may take as long as an instance may take to answer.
+        deployments = [_deployment(entry, module.check_mode, params["ready_seconds"]) for entry in params["services"]]
         result = deploy(deployments, options, Host(module.run_command), module.check_mode)
     except NumaError as exc:
         module.fail_json(msg=str(exc), instances=[])

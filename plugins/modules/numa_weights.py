@@ -35,6 +35,9 @@ options:
     description:
       - Where the bandwidth comes from. V(auto) takes the first that has a figure for every memory node and changes
         nothing when none has (the result says why).
+      - With V(auto), a numa_cost record that is there but cannot be used (of another topology, not root's alone, or
+        holding what no measurement gives, such as an infinite or negative bandwidth) is passed over with a warning
+        naming why, and the next source is taken.
       - V(measured), V(hmat) or V(kernel) fail when that source has nothing, naming why.
     type: str
     default: auto
@@ -141,6 +144,8 @@ ARGUMENT_SPEC = {
 def run(module: AnsibleModule) -> dict:
     params = module.params
     plan = weights.make_plan(params["root"], params["source"], params["persist"], params["record_dir"])
+    for warning in plan.warnings:  # a corrupt or foreign numa_cost record: the weights come from the next source
+        module.warn(warning)
     if plan.changed and not module.check_mode:
         weights.apply(plan)
     result = weights.result(plan, module.check_mode)

@@ -3,6 +3,7 @@ kernel and a tmpfiles.d drop-in (act/weights.py), on constructed sysfs trees."""
 
 import json
 import os
+import re
 
 import pytest
 from hypothesis import given, strategies as st
@@ -181,3 +182,102 @@ def test_the_facts_carry_each_memory_nodes_hmat_figures(tmp_path):
     assert facts["nodes"][4]["hmat"] == {"read_bandwidth": 10000, "write_bandwidth": 10000,
                                          "read_latency": 250, "write_latency": 250}
     assert read(host(tmp_path / "bare", hmat=False))["nodes"][0]["hmat"] is None
+
+
+# --- a corrupt or extreme numa_cost record: the next source, a one-line warning, never a traceback -----------------
+
+def record_text(root, cell="30.0", **fields):
+    """A numa_cost record of this host's topology as JSON text, node 0 -> node 0's bandwidth written as ``cell``
+    (any JSON text, kept as written), other fields replaced by ``fields`` (JSON texts too)."""
+    nodes = [0, 1, 2, 3, 4]
+    matrix = [["@cell" if (row, col) == (0, 0) else 30.0 if row < 4 else None for col in nodes] for row in nodes]
+    record = {"nodes": nodes, "bandwidth_gbps": matrix, "latency_ns": matrix,
+              "topology_signature": choice.topology_signature(read(root))}
+    text = json.dumps(record).replace('"@cell"', cell)
+    for name, value in fields.items():
+        text = text.replace('"%s": ' % name, '"%s": %s, "was": ' % (name, value), 1)
+    return text
+
+
+def write_record(tmp_path, text):
+    state = tmp_path / "state"
+    state.mkdir(exist_ok=True)
+    (state / cost.RECORD_NAME).write_text(text)
+    os.chmod(str(state / cost.RECORD_NAME), 0o644)
+    return str(state)
+
+
+CORRUPT = [
+    ("1e999", {}, r"bandwidth from node 0 to node 0 is inf, not a number of GB/s from 0 to 1e\+06"),
+    ("9" * 400, {}, r"bandwidth from node 0 to node 0 is \(a 1329-bit number\), not a number of GB/s"),
+    ("NaN", {}, "bandwidth from node 0 to node 0 is nan"),
+    ("-Infinity", {}, "bandwidth from node 0 to node 0 is -inf"),
+    ("-3.5", {}, "bandwidth from node 0 to node 0 is -3.5"),
+    ("2e6", {}, "bandwidth from node 0 to node 0 is 2000000.0"),
+    ('"30"', {}, "bandwidth from node 0 to node 0 is '30'"),
+    ("[30.0]", {}, "bandwidth from node 0 to node 0 is a JSON list"),
+    ("true", {}, "bandwidth from node 0 to node 0 is True"),
+    ("30.0", {"nodes": "[0, 1, 2, 3, %s]" % ("9" * 400)}, "has no node list and bandwidth matrix of its size"),
+    ("30.0", {"nodes": "[0, 1, 2, 3, 3]"}, "has no node list and bandwidth matrix of its size"),
+    ("30.0", {"nodes": '"0-4"'}, "has no node list and bandwidth matrix of its size"),
+    ("30.0", {"bandwidth_gbps": '{"0": 1}'}, "has no node list and bandwidth matrix of its size"),
+    ("30.0", {"topology_signature": "[" * 500 + "]" * 500}, r"is of another topology \(its signature is no text\)"),
+    ("[" * 100000 + "]" * 100000, {}, "not a JSON object of at most"),
+]
+
+
+@pytest.mark.parametrize("cell, fields, said", CORRUPT)
+def test_a_corrupt_record_falls_back_to_hmat_with_one_line_saying_why(tmp_path, cell, fields, said):
+    root = host(tmp_path)
+    plan = weights.make_plan(root, record_dir=write_record(tmp_path, record_text(root, cell, **fields)))
+    assert plan.source == "hmat" and plan.desired == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
+    (warning,) = plan.warnings
+    assert re.search(said, warning) and re.search(said, plan.reasons[0]), (warning, plan.reasons)
+    assert warning.startswith("the numa_cost record is not used, the next source is: ") and "\n" not in warning
+    assert re.search("; (measure again with numa_cost record: true|remove it)", warning), warning
+    with pytest.raises(NumaError):  # asked for the measurement alone: refused, naming the same cause
+        weights.make_plan(root, "measured", record_dir=write_record(tmp_path, record_text(root, cell, **fields)))
+
+
+def test_a_sound_record_gives_no_warning_and_no_record_is_no_warning(tmp_path):
+    root = host(tmp_path)
+    assert not weights.make_plan(root, read_record=no_record).warnings
+    plan = weights.make_plan(root, record_dir=write_record(tmp_path, record_text(root, "30.0")))
+    assert plan.source == "measured" and not plan.warnings
+
+
+def test_a_record_that_is_no_object_is_passed_over(tmp_path):
+    root = host(tmp_path)
+    plan = weights.make_plan(root, read_record=lambda _directory: [1, 2])
+    assert plan.source == "hmat" and plan.warnings == (
+        "the numa_cost record is not used, the next source is: the numa_cost record is no JSON object; measure again "
+        "with numa_cost record: true",)
+
+
+@given(st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=5),
+                 st.lists(st.floats(), max_size=3)))
+def test_any_value_in_a_cell_is_a_bandwidth_or_the_reason_it_is_none(cell):
+    facts = {"nodes": [{"id": 0, "has_memory": True, "cpus": [0]}], "distances": [[10]]}
+    record = {"nodes": [0], "bandwidth_gbps": [[cell]], "topology_signature": choice.topology_signature(facts)}
+    found = choice.measured_bandwidths(facts, record)
+    if found.by_node:
+        assert 0 < found.by_node[0] <= choice.MAX_GBPS and choice.weights_from_bandwidth(found.by_node) == {0: 1}
+    else:
+        assert found.reason and "\n" not in found.reason
+
+
+def test_numa_weights_warns_in_one_line_and_sets_the_hmat_weights(tmp_path, capsys, monkeypatch):
+    from ansible_collections.inferops.numa.plugins.modules import numa_weights
+    from tests.ansible_compat import clear_warnings, patch_module_args
+
+    clear_warnings(monkeypatch)
+    root = host(tmp_path)
+    state = write_record(tmp_path, record_text(root, "1e999"))
+    with patch_module_args({"root": root, "record_dir": state}), pytest.raises(SystemExit) as stop:
+        numa_weights.main()
+    result = json.loads(capsys.readouterr().out)
+    assert stop.value.code == 0 and result["source"] == "hmat" and result["changed"]
+    # ansible-core >= 2.19 wraps each warning in a WarningSummary dict
+    assert [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]] == [
+        "the numa_cost record is not used, the next source is: the numa_cost record's bandwidth from node 0 to node 0 "
+        "is inf, not a number of GB/s from 0 to 1e+06; measure again with numa_cost record: true"]

@@ -37,10 +37,9 @@ failure.
 import os
 import socket
 import time
-from http import client as http_client
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
 
+from . import engine_http
 from .ab_gate import Gate, judge, measure
 from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, remove_pending,
                            write_files, write_pending, write_rejected)
@@ -93,7 +92,7 @@ def probe(instance: Instance, seconds: float) -> Optional[str]:
     """None when the instance answers within ``seconds`` (HTTP 200 from its URL, or a TCP connection to its
     port), else why not."""
     if instance.url:
-        return _http_probe(instance.url, seconds)
+        return engine_http.status_problem(instance.url, seconds)
     if instance.port:
         try:
             socket.create_connection(("127.0.0.1", instance.port), timeout=seconds).close()
@@ -101,25 +100,6 @@ def probe(instance: Instance, seconds: float) -> Optional[str]:
         except OSError as exc:
             return "port %d: %s" % (instance.port, exc.strerror or exc)
     return None
-
-
-def _http_probe(url: str, seconds: float) -> Optional[str]:
-    """None on HTTP 200 from ``url``, else what came back. http.client, not urllib: no proxy from the environment
-    stands between a host and its own server."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "%s is not an http(s) URL" % url
-    kind = http_client.HTTPSConnection if parts.scheme == "https" else http_client.HTTPConnection
-    try:
-        connection = kind(parts.hostname, parts.port, timeout=seconds)
-        try:
-            connection.request("GET", (parts.path or "/") + ("?" + parts.query if parts.query else ""))
-            status = connection.getresponse().status
-        finally:
-            connection.close()
-    except (OSError, http_client.HTTPException, ValueError) as exc:
-        return "%s: %s" % (url, exc)
-    return None if status == 200 else "%s answered %d" % (url, status)
 
 
 class Host:
@@ -445,7 +425,8 @@ def _ab(result: Dict[str, Any], instance: Instance, before: Optional[List[float]
     if not result["ok"] or before is None:
         return result
     try:
-        verdict = judge(before, host.rates(instance.gate), instance.gate.min_gain_percent)
+        verdict = judge(before, host.rates(instance.gate), instance.gate.min_gain_percent,
+                        instance.gate.max_noise_percent)
     except NumaError as exc:
         return dict(result, ok=False, msg="%s: not measured after its restart: %s" % (instance.unit, exc))
     if first:

@@ -42,6 +42,7 @@ class WeightsPlan(NamedTuple):
     dropin_before: Optional[str]
     dropin_after: Optional[str]
     reasons: List[str]
+    warnings: Tuple[str, ...] = ()    # a numa_cost record there but unusable: said, and the next source taken
 
     @property
     def runtime_changes(self) -> Dict[int, int]:
@@ -77,7 +78,9 @@ def make_plan(root: str, source: str = "auto", persist: bool = True, record_dir:
                                     "get plain interleave, equal pages on each node" % (features.get("release")
                                                                                         or "release unknown")], **base)
     base["supported"] = True
-    found, reasons = _bandwidths(facts, source, record_dir, read_record)
+    found, reasons, unusable = _bandwidths(facts, source, record_dir, read_record)
+    if unusable:
+        base["warnings"] = ("the numa_cost record is not used, the next source is: %s" % unusable,)
     if found is None and (source == "kernel" or (source == "auto" and auto_before is not None)):
         return _kernel_plan(base, reasons, persist)
     if found is None:
@@ -94,10 +97,12 @@ def make_plan(root: str, source: str = "auto", persist: bool = True, record_dir:
 
 
 def _bandwidths(facts: Dict[str, Any], source: str, record_dir: str,
-                read_record: Callable[[str], Optional[Dict[str, Any]]]) -> Tuple[Optional[choice.Bandwidths], List[str]]:
+                read_record: Callable[[str], Optional[Dict[str, Any]]]
+                ) -> Tuple[Optional[choice.Bandwidths], List[str], Optional[str]]:
+    """(the bandwidths, why each source was passed over, why a numa_cost record that is there was not used)."""
     if source == "kernel":
-        return None, []
-    record, reasons = None, []
+        return None, [], None
+    record, reasons, unusable = None, [], None  # type: Optional[Dict[str, Any]], List[str], Optional[str]
     if source in ("auto", "measured"):
         try:
             record = read_record(record_dir)
@@ -105,9 +110,13 @@ def _bandwidths(facts: Dict[str, Any], source: str, record_dir: str,
             if source == "measured":
                 raise
             reasons.append("measured: %s" % exc)
+            unusable = str(exc)
     found, passed_over = choice.choose(facts, record, source)
+    if record is not None and (found is None or found.source != "measured"):
+        unusable = choice.measured_bandwidths(facts, record).reason
     # An unreadable record already said why; "no record" would only repeat it.
-    return found, reasons + [reason for reason in passed_over if not (reasons and reason.startswith("measured:"))]
+    reasons += [reason for reason in passed_over if not (reasons and reason.startswith("measured:"))]
+    return found, reasons, unusable
 
 
 def _kernel_plan(base: Dict[str, Any], reasons: List[str], persist: bool) -> WeightsPlan:

@@ -24,11 +24,19 @@ from math import gcd
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 from ..base.errors import shown
+from ..base.sizes import finite_number
 
 SOURCES = ("measured", "hmat", "kernel")
 # A node's weight is its bandwidth in tenths of the fastest node's: coarser than a measurement's noise (a few per
 # cent), so identical nodes measured at 41.8 and 41.5 GB/s get equal weights, and far below the kernel's 255.
 STEPS = 10
+# A recorded bandwidth above this many GB/s is no measurement (a node's DRAM or HBM gives some 10 to 5000); a node
+# id above MAX_NODE_ID is none of the kernel's (its MAX_NUMNODES is 1024 at most).
+MAX_GBPS = 1e6
+MAX_NODE_ID = 1 << 16
+# HMAT's figures are MB/s, read by read/topology as bounded kernel numbers; past this they are no bandwidth either.
+MAX_HMAT_MBPS = 1e12
+REMEASURE = "measure again with numa_cost record: true"
 
 
 class Bandwidths(NamedTuple):
@@ -67,20 +75,36 @@ def topology_signature(facts: Mapping[str, Any]) -> str:
 
 
 def measured_bandwidths(topology: Mapping[str, Any], record: Optional[Mapping[str, Any]]) -> Bandwidths:
-    """From numa_cost's recorded result: each memory node's best bandwidth over the CPU nodes measured."""
+    """From numa_cost's recorded result: each memory node's best bandwidth over the CPU nodes measured.
+
+    The record is a file's content: anything in it that is not what numa_cost writes (a number past its bounds, a
+    400-digit int, ``1e999`` read as inf, another type) makes it unusable, said in one line, never an exception."""
     if record is None:
         return Bandwidths("measured", {}, "no numa_cost record on this host (run numa_cost with record: true)")
-    if record.get("topology_signature") != topology_signature(topology):
-        return Bandwidths("measured", {}, "the numa_cost record is of another topology (%s); measure again with "
-                                          "numa_cost record: true" % shown(record.get("topology_signature")))
+    if not isinstance(record, dict):
+        return Bandwidths("measured", {}, "the numa_cost record is no JSON object; " + REMEASURE)
+    signature = record.get("topology_signature")
+    if signature != topology_signature(topology):
+        return Bandwidths("measured", {}, "the numa_cost record is of another topology (%s); %s"
+                                          % (shown(signature) if isinstance(signature, str) else
+                                             "its signature is no text", REMEASURE))
     nodes = record.get("nodes")
     matrix = record.get("bandwidth_gbps")
     if not _is_matrix(nodes, matrix):
         return Bandwidths("measured", {}, "the numa_cost record has no node list and bandwidth matrix of its size; "
-                                          "measure again with numa_cost record: true")
+                          + REMEASURE)
     best = {}  # type: Dict[int, float]
     for column, node in enumerate(nodes):
-        cells = [row[column] for row in matrix if _is_positive(row[column])]
+        cells = []
+        for row, cpu_node in zip(matrix, nodes):
+            cell = row[column]
+            if cell is None or cell == 0:  # not measured, or too little to round to 0.01 GB/s
+                continue
+            if not _is_bandwidth(cell, MAX_GBPS):
+                return Bandwidths("measured", {}, "the numa_cost record's bandwidth from node %d to node %d is %s, "
+                                                  "not a number of GB/s from 0 to %g; %s"
+                                  % (cpu_node, node, _described(cell), MAX_GBPS, REMEASURE))
+            cells.append(float(cell))
         if cells:
             best[node] = max(cells)
     missing = [node for node in memory_nodes(topology) if node not in best]
@@ -98,7 +122,8 @@ def hmat_bandwidths(topology: Mapping[str, Any]) -> Bandwidths:
         if not node.get("has_memory"):
             continue
         figures = node.get("hmat") or {}
-        known = [figures[key] for key in ("read_bandwidth", "write_bandwidth") if _is_positive(figures.get(key))]
+        known = [float(figures[key]) for key in ("read_bandwidth", "write_bandwidth")
+                 if _is_bandwidth(figures.get(key), MAX_HMAT_MBPS)]
         if known:
             by_node[node["id"]] = min(known)
         else:
@@ -123,12 +148,23 @@ def choose(topology: Mapping[str, Any], record: Optional[Mapping[str, Any]],
     return None, reasons
 
 
-def _is_positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+def _is_bandwidth(value: Any, highest: float) -> bool:
+    """A finite number above 0 and at most ``highest`` (compared exactly: an int of 400 digits is no bandwidth)."""
+    return finite_number(value) and 0 < value <= highest
+
+
+def _described(value: Any) -> str:
+    """A record's value in a message: a list or an object by its kind (repr() of a deeply nested one raises)."""
+    if isinstance(value, (list, dict)):
+        return "a JSON %s" % ("list" if isinstance(value, list) else "object")
+    return shown(value)
 
 
 def _is_matrix(nodes: Any, matrix: Any) -> bool:
-    if not isinstance(nodes, list) or not all(isinstance(node, int) and not isinstance(node, bool) for node in nodes):
+    if not isinstance(nodes, list) or not all(
+            isinstance(node, int) and not isinstance(node, bool) and 0 <= node < MAX_NODE_ID for node in nodes):
+        return False
+    if len(set(nodes)) != len(nodes):
         return False
     return isinstance(matrix, list) and len(matrix) == len(nodes) and all(
         isinstance(row, list) and len(row) == len(nodes) for row in matrix)

@@ -83,7 +83,7 @@ def read_trusted_json(dir_fd: int, name: str, path: str, fix: str) -> Tuple[Dict
         os.close(fd)
     try:
         value = json.loads(data.decode("utf-8")) if len(data) <= MAX_JSON_BYTES else None
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         value = None
     if not isinstance(value, dict):
         raise NumaError("ignoring %s: not a JSON object of at most %d bytes in UTF-8; %s" % (path, MAX_JSON_BYTES, fix))
