@@ -5,7 +5,10 @@ import os
 import pytest
 import yaml
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import audit
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import kernel_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import preflight as host
 from ansible_collections.inferops.numa.plugins.plugin_utils import preflight
 from tests.fixtures import sysfs
@@ -400,3 +403,106 @@ def test_a_read_only_balancing_knob_is_a_problem_only_when_it_is_to_be_set(tmp_p
     assert host.host_problems(root, [], "disabled")[0].startswith(
         "numa_host_balancing: /proc/sys/kernel/numa_balancing is read-only here")
 
+
+def _status(tmp_path, cap_eff):
+    self_dir = tmp_path / "proc" / "self"
+    self_dir.mkdir(parents=True, exist_ok=True)
+    (self_dir / "status").write_text("Name:\tpython3\nCapInh:\t0000000000000000\nCapEff:\t%s\n" % cap_eff)
+
+
+FULL_CAPS = "000001ffffffffff"
+NO_PTRACE = "%016x" % (0x000001ffffffffff & ~(1 << 19))
+# Docker's default set: chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw
+# sys_chroot mknod audit_write setfcap.
+DOCKER_DEFAULT = "00000000a80425fb"
+
+
+@pytest.mark.parametrize("cap_eff", [NO_PTRACE, DOCKER_DEFAULT])
+def test_root_without_cap_sys_ptrace_is_told_before_a_service_of_another_user_audits(tmp_path, cap_eff):
+    root = _host(tmp_path)
+    _status(tmp_path, cap_eff)
+    services = [dict(SERVICE), dict(SERVICE, name="vllm", user="svc-vllm"), dict(SERVICE, name="quiet", audit=False),
+                dict(SERVICE, name="mine", user="root")]
+    assert host.audit_problems(root, services, euid=0) == [
+        "service llama: audit: root here lacks CAP_SYS_PTRACE, so it cannot read /proc/<pid>/numa_maps of the "
+        "service's user llama (a container's default capabilities); grant CAP_SYS_PTRACE to the run, or set "
+        "audit: false",
+        "service vllm: audit: root here lacks CAP_SYS_PTRACE, so it cannot read /proc/<pid>/numa_maps of the "
+        "service's user svc-vllm (a container's default capabilities); grant CAP_SYS_PTRACE to the run, or set "
+        "audit: false"]
+
+
+def test_the_capability_check_is_part_of_the_hosts_problems(tmp_path, monkeypatch):
+    root = _host(tmp_path, slice_cpus=("0-159", "0-1"))
+    _status(tmp_path, NO_PTRACE)
+    monkeypatch.setattr(host.os, "geteuid", lambda: 0)
+    problems = host.host_problems(root, [SERVICE])
+    assert len(problems) == 1 and problems[0].startswith("service llama: audit: root here lacks CAP_SYS_PTRACE")
+    _status(tmp_path, FULL_CAPS)
+    assert host.host_problems(root, [SERVICE]) == []
+
+
+@pytest.mark.parametrize("cap_eff, euid, services", [
+    (FULL_CAPS, 0, [SERVICE]),                               # the capability is there
+    (NO_PTRACE, 1000, [SERVICE]),                            # not root: the audit runs as whoever may read
+    (NO_PTRACE, 0, [dict(SERVICE, audit=False)]),            # no audit
+    (NO_PTRACE, 0, [dict(SERVICE, user="root")]),            # root reads its own processes' pages
+    (NO_PTRACE, 0, [dict(SERVICE, user="0")]),
+    ("not hex", 0, [SERVICE]),                                # a status that says nothing: nothing to claim
+])
+def test_no_capability_problem_where_the_audit_can_read(tmp_path, cap_eff, euid, services):
+    root = _host(tmp_path)
+    _status(tmp_path, cap_eff)
+    assert host.audit_problems(root, services, euid=euid) == []
+
+
+def test_no_capability_problem_without_a_status_to_read(tmp_path):
+    assert host.audit_problems(_host(tmp_path), [SERVICE], euid=0) == []
+
+
+def _process(tmp_path, pid=4242):
+    proc = tmp_path / "proc" / str(pid)
+    proc.mkdir(parents=True)
+    (proc / "status").write_text("Name:\tllama-server\nCpus_allowed_list:\t0-3\nMems_allowed_list:\t0\n")
+    (proc / "stat").write_text("%d (llama-server) S 1 0 0\n" % pid)
+    (proc / "numa_maps").write_text("")
+    (proc / "maps").write_text("")
+    return str(tmp_path), pid
+
+
+def _refuse(monkeypatch, name):
+    """The kernel's answer to root without CAP_SYS_PTRACE: EACCES opening another user's ``name``."""
+    opened = kernel_files.Root._open_file
+
+    def refusing(self, rel):
+        if rel.endswith("/" + name):
+            raise PermissionError(13, "Permission denied")
+        return opened(self, rel)
+
+    monkeypatch.setattr(kernel_files.Root, "_open_file", refusing)
+
+
+@pytest.mark.parametrize("name", ["numa_maps", "maps"])
+def test_the_audit_names_the_missing_capability_when_root_is_refused(tmp_path, monkeypatch, name):
+    root, pid = _process(tmp_path)
+    _refuse(monkeypatch, name)
+    monkeypatch.setattr(audit.os, "geteuid", lambda: 0)
+    with pytest.raises(NumaError) as refused:
+        audit.read_process(root, pid, 4096)
+    message = str(refused.value)
+    assert message.startswith("cannot read %s/proc/%d/%s: permission denied to root, which lacks CAP_SYS_PTRACE"
+                              % (root, pid, name)), message
+    assert "grant CAP_SYS_PTRACE to the run" in message and "run as root" not in message
+
+
+def test_the_audit_still_tells_another_user_to_run_as_root(tmp_path, monkeypatch):
+    root, pid = _process(tmp_path)
+    _refuse(monkeypatch, "numa_maps")
+    monkeypatch.setattr(audit.os, "geteuid", lambda: 1000)
+    with pytest.raises(NumaError, match="permission denied; run as root"):
+        audit.read_process(root, pid, 4096)
+
+
+def test_a_readable_process_is_read(tmp_path):
+    root, pid = _process(tmp_path)
+    assert audit.read_process(root, pid, 4096)["name"] == "llama-server"
