@@ -79,12 +79,6 @@ UNIT_CHECKS = {
 }
 GATE = "ab_gate"
 PORT_TOKEN = "{port}"
-# Checks of a converted value that return (the value, its problems): the A/B gate's keys against inputs/gate, the
-# readiness URL against what the probe asks.
-VALUE_CHECKS = {
-    GATE: lambda values: check_gate(values),
-    "health_url": lambda url: (url, check_url(url)),
-}  # type: Dict[str, Callable[[Any], Tuple[Any, List[str]]]]
 # Printable ASCII without spaces: a URL (http.client sends its path as it is), a key quoted as it is.
 _WORD = re.compile(r"^[!-~]+$")
 URL_EXAMPLE = "http://127.0.0.1:%s/health" % PORT_TOKEN
@@ -127,8 +121,8 @@ def check_value(name: str, value: Any, spec: Mapping[str, Any],
     low, high = bounds or (None, None)
     if isinstance(converted, float) and not finite_number(converted):
         # NaN compares false with every bound, so it would pass them all; an infinity is no setting either.
-        return value, "%s is not a finite number; give %s" % (converted, _range_words(low, high) if bounds
-                                                                 else "a number")
+        wanted = _range_words(low, high) if bounds else "a number"
+        return value, "%s is not a finite number; give %s" % (converted, wanted)
     # Written as "not within", so a value no bound compares with is out of range, never in it.
     if converted is not None and not ((low is None or low <= converted) and (high is None or converted <= high)):
         return value, "%s is out of range; give %s" % (quoted(converted), _range_words(low, high))
@@ -336,6 +330,14 @@ def check_url(url: str) -> List[str]:
         return ["%s uses %s, which the probe does not fill in (only %s); give the instance's URL with %s"
                 % (quoted(url), ", ".join(unfilled), PORT_TOKEN, PORT_TOKEN)]
     return []
+
+
+# Checks of a converted value that return (the value, its problems): the A/B gate's keys against inputs/gate, the
+# readiness URL against what the probe asks.
+VALUE_CHECKS = {
+    GATE: check_gate,
+    "health_url": lambda url: (url, check_url(url)),
+}  # type: Dict[str, Callable[[Any], Tuple[Any, List[str]]]]
 
 
 def _across_keys(checked: Mapping[str, Any], bad: Collection[str]) -> List[str]:
