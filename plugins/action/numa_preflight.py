@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, FrozenSet, List, Optional
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -17,7 +17,6 @@ from ansible.utils.display import Display
 from ansible_collections.inferops.numa.plugins.plugin_utils import preflight
 
 display = Display()
-PREFIXES = ("numa_host_", "inference_service_")
 # The names the site playbook and the roles register the result under: a later preflight of the same run with
 # the same inputs finds one and skips the host's checks.
 REGISTERED = ("numa_preflight", "_numa_host_preflight", "_inference_service_preflight")
@@ -34,8 +33,12 @@ class ActionModule(ActionBase):
         task_vars = task_vars or {}
         host = str(task_vars.get("inventory_hostname", "?"))
         values = {name: self._templar.template(task_vars[name]) for name in _option_names() if name in task_vars}
-        unknown = sorted(name for name in task_vars if name.startswith(PREFIXES) and name not in _role_own_vars())
+        own = _role_own_vars()
+        unknown = sorted(name for name in task_vars if name.startswith(preflight.PREFIXES) and name not in own)
         settings, problems = preflight.check_settings(values, unknown)
+        # Every variable the play gives the host (inventory, group_vars, extra and play vars alike): one typo'd
+        # without the prefix is named too. Only the names are read, nothing is templated.
+        problems += preflight.close_variables(list(task_vars), own)
         entries, entry_problems = preflight.check_entries(settings.get(preflight.ENTRIES) or [],
                                                           settings.get(preflight.ENTRY_DEFAULTS) or {})
         problems += entry_problems
@@ -101,10 +104,10 @@ def _option_names() -> List[str]:
     return names
 
 
-def _role_own_vars() -> List[str]:
+def _role_own_vars() -> FrozenSet[str]:
     """Every variable the roles define themselves (defaults, vars): only a name outside these is a typo."""
     names = list(_option_names()) + list(ROLE_FACTS)
     for role in preflight.ROLES:
         for kind in ("defaults", "vars"):
             names += list(preflight.role_file(role, kind, "main.yml") or {})
-    return names
+    return frozenset(names)

@@ -13,11 +13,18 @@ version_added: "0.4.0"
 description:
   - On the controller, checks the roles' variables (C(numa_host_*), C(inference_service_*)) and every entry of
     C(inference_service_list) against the roles' own argument specs, one value at a time, so that every problem is
-    named at once; a key no spec has is named with the valid key closest to it. The checked values come back
-    converted (C(-e numa_host_metrics=false) is the boolean false on every ansible-core).
+    named at once; a key no spec has is named with the valid key closest to it, and so is a variable of the play
+    very close to a role's option (C(inference_services_list)). The checked values come back converted
+    (C(-e numa_host_metrics=false) is the boolean false on every ansible-core); NaN and the infinities are no number.
+  - Each entry's C(name) is checked with the rule the role names its units by (C(systemd_unit_prefix)), its
+    C(health_url) as an http or https URL with a host, its C(ab_gate) against the A/B gate's own options and bounds
+    (C(inputs/gate.py), as M(inferops.numa.numa_rollout) checks them), and a C({port}) or C(ab_gate) without
+    C(port_base) is refused.
   - On the host, checks what a deployment needs there, read-only - systemd as PID 1, each service planned (its
     layout gives instances, the model fits), its server binary executable, the plan's CPUs and memory nodes
-    allowed by system.slice's cpuset, C(set_mempolicy) allowed, the balancing knob writable when it is to be set.
+    allowed by system.slice's cpuset, C(set_mempolicy) allowed, the balancing knob writable when it is to be set,
+    and, when a service audits and runs as another user, root's C(CAP_SYS_PTRACE), without which it cannot read that
+    user's C(/proc/<pid>/numa_maps).
   - Fails with one line per problem (host, service, key, cause, fix) and changes nothing. Playbook
     C(inferops.numa.site) runs it on every host before any change (C(--tags preflight) runs only it); both roles run
     it at their entry, and a second run in the same play run with the same inputs skips the host checks.
@@ -53,6 +60,8 @@ EXAMPLES = r"""
 #   gpu-7: service llama: page_cahce: no such key; did you mean page_cache?
 #   gpu-7: numa_host_metrics_period_seconds: 5 is out of range; give a value from 10 to 86400
 #   gpu-7: service llama: command: /opt/llama/llama-server is not an executable file here; install the server ...
+#   gpu-7: inference_services_list: no such variable; did you mean inference_service_list?
+#   gpu-7: service llama: ab_gate: rouns: no such key; did you mean rounds?
 """
 
 RETURN = r"""

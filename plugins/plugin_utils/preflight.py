@@ -6,7 +6,11 @@ roles' own argument specs (meta/argument_specs.yml, the one place options are de
 that names the variable (and service and key), the cause and the fix.
 
 Each value is checked alone, so every problem of a run is named at once (Ansible's own role check stops at
-the first and prints the whole spec after it), and a typo'd key is named with the valid key closest to it.
+the first and prints the whole spec after it), and a typo'd key is named with the valid key closest to it, as is
+a variable of the play very close to a role's option. Beyond its type, each value is checked by the rule that
+would refuse it later, after hosts were changed: a service's name by the unit filter's own function, its
+``health_url`` as the readiness probe reads it, its ``ab_gate`` against inputs/gate (the table numa_rollout
+checks it with), a ``{port}`` or a gate against its ``port_base``; NaN and the infinities pass no bound.
 Checked values come back converted (``-e numa_host_metrics=false`` is the boolean false on every core), so
 the roles convert once, here, and never per task.
 """
@@ -16,17 +20,32 @@ from __future__ import annotations
 import difflib
 import functools
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+import re
+from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
 
 import yaml
 
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base import tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.sizes import finite_number
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.kernel_files import printable
 
 COLLECTION = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLES = ("numa_host", "inference_service")
+# Every variable of the roles starts with one of these: a name that does and that they have not is a typo.
+PREFIXES = ("numa_host_", "inference_service_")
+# A variable without the prefixes is taken for a typo of an option only this close to it (difflib's ratio: a
+# character or two off in a name of 15 or more, as inference_services_list or numa_hots_balancing).
+CLOSE_CUTOFF = 0.9
+# Ansible's own variables without the ansible_ prefix ("Special variables"); a private one starts with "_".
+MAGIC_VARIABLES = frozenset(("groups", "group_names", "hostvars", "inventory_dir", "inventory_file",
+                             "inventory_hostname", "inventory_hostname_short", "omit", "play_hosts", "playbook_dir",
+                             "role_name", "role_names", "role_path", "role_uuid", "environment", "vars"))
 ENTRIES = "inference_service_list"
 ENTRY_DEFAULTS = "inference_service_defaults"
 # Bounds an argument spec cannot say: (lowest, highest), None for no bound.
@@ -47,6 +66,7 @@ ENTRY_RANGES = {
 # What the unit template writes of an entry, checked as its filters check it (act/unit_text), so a value the unit
 # cannot hold is named before any host is changed, not when the template renders.
 UNIT_CHECKS = {
+    "name": unit_text.unit_prefix,  # the systemd_unit_prefix filter's rule: the role names every unit with it
     "command": unit_text.command_args,
     "environment": unit_text.environment_lines,
     "description": lambda value: unit_text.setting_value(value, "description"),
@@ -57,6 +77,11 @@ UNIT_CHECKS = {
     "extra_settings": lambda settings: [unit_text.extra_setting_value(settings[unit_text.setting_name(name)], name)
                                         for name in settings],
 }
+GATE = "ab_gate"
+PORT_TOKEN = "{port}"
+# Printable ASCII without spaces: a URL (http.client sends its path as it is), a key quoted as it is.
+_WORD = re.compile(r"^[!-~]+$")
+URL_EXAMPLE = "http://127.0.0.1:%s/health" % PORT_TOKEN
 # libyaml's loader where PyYAML has it: the pure-Python one takes 40 ms over an argument spec, once per host and task.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 TYPE_WORDS = {"bool": "true or false", "int": "a whole number", "float": "a number", "str": "a string",
@@ -83,17 +108,30 @@ def check_value(name: str, value: Any, spec: Mapping[str, Any],
                 bounds: Optional[Tuple[Optional[float], Optional[float]]] = None) -> Tuple[Any, Optional[str]]:
     """(the value converted to its spec's type, None) or (value, "cause; fix") for one option."""
     single = {key: val for key, val in spec.items() if key not in ("options", "required", "default")}
-    result = ArgumentSpecValidator({name: single}).validate({name: plain(value)})
+    try:
+        result = ArgumentSpecValidator({name: single}).validate({name: plain(value)})
+    except (OverflowError, ValueError):  # an infinity made an int, an int past str()'s digits: the validator raises
+        return value, "%s cannot be converted; %s" % (quoted(value), _fix(spec))
     errors = list(result.errors.errors)
     if errors and type(errors[0]).__name__ == "ArgumentValueError" and spec.get("choices"):
-        return value, "%r is not one of its choices; %s" % (value, _fix(spec))
+        return value, "%s is not one of its choices; %s" % (quoted(value), _fix(spec))
     if errors:
-        return value, "%s; %s" % (errors[0], _fix(spec))
+        return value, "%s; %s" % (printable(str(errors[0])), _fix(spec))
     converted = result.validated_parameters[name]
     low, high = bounds or (None, None)
-    if converted is not None and ((low is not None and converted < low) or (high is not None and converted > high)):
-        return value, "%s is out of range; give %s" % (converted, _range_words(low, high))
+    if isinstance(converted, float) and not finite_number(converted):
+        # NaN compares false with every bound, so it would pass them all; an infinity is no setting either.
+        wanted = _range_words(low, high) if bounds else "a number"
+        return value, "%s is not a finite number; give %s" % (converted, wanted)
+    # Written as "not within", so a value no bound compares with is out of range, never in it.
+    if converted is not None and not ((low is None or low <= converted) and (high is None or converted <= high)):
+        return value, "%s is out of range; give %s" % (quoted(converted), _range_words(low, high))
     return converted, None
+
+
+def quoted(value: Any) -> str:
+    """A value as a problem line quotes it: short (shown) and printable ASCII, so the line stays one line."""
+    return printable(shown(value))
 
 
 def plain(value: Any) -> Any:
@@ -158,6 +196,21 @@ def check_settings(values: Mapping[str, Any], unknown: Sequence[str] = ()) -> Tu
     return settings, problems
 
 
+def close_variables(names: Iterable[Any], own: Collection[str]) -> List[str]:
+    """"NAME: no such variable; did you mean OPTION?" for each of ``names`` (the play's variables) that is none of
+    the roles' own (``own``: their options, defaults, vars and facts) and not Ansible's, yet very close to a
+    role's option: inference_services_list would deploy nothing, and every task would say ok."""
+    options = [option for role in ROLES for option in role_options(role)]
+    problems = []  # type: List[str]
+    for name in sorted(name for name in names if isinstance(name, str)):
+        if name in own or name in MAGIC_VARIABLES or name.startswith(("ansible_", "_") + PREFIXES):
+            continue  # a prefixed name the roles have not is check_settings' unknown one
+        close = difflib.get_close_matches(name, options, n=1, cutoff=CLOSE_CUTOFF)
+        if close:
+            problems.append("%s: no such variable; did you mean %s?" % (printable(name), close[0]))
+    return problems
+
+
 def check_entries(entries: Any, defaults: Any) -> Tuple[List[Dict[str, Any]], List[str]]:
     """inference_service_list's entries with their defaults merged (the spec's, then ``defaults``, then the
     entry's) and converted, and a problem line for each bad key ("service NAME: key: cause; fix")."""
@@ -167,7 +220,7 @@ def check_entries(entries: Any, defaults: Any) -> Tuple[List[Dict[str, Any]], Li
     if not isinstance(defaults, dict):
         return [], ["%s: is %s, not a mapping; give the keys every entry shares" % (
             ENTRY_DEFAULTS, type(defaults).__name__)]
-    problems = ["%s: %s: %s" % (ENTRY_DEFAULTS, key, unknown_key(key, list(spec))) for key in defaults
+    problems = ["%s: %s: %s" % (ENTRY_DEFAULTS, _key(key), unknown_key(str(key), list(spec))) for key in defaults
                 if key not in spec]
     merged = []
     names = []  # type: List[str]
@@ -176,11 +229,11 @@ def check_entries(entries: Any, defaults: Any) -> Tuple[List[Dict[str, Any]], Li
             problems.append("%s[%d]: is %s, not a mapping; give name, command and the service's keys" % (
                 ENTRIES, index, type(entry).__name__))
             continue
-        label = "service %s" % entry["name"] if isinstance(entry.get("name"), str) else "%s[%d]" % (ENTRIES, index)
         # A key of the defaults that no spec has is named once, above, not for every entry.
-        known_defaults = {key: value for key, value in defaults.items() if key in spec}
-        checked, entry_problems = _check_entry(dict(known_defaults, **entry), spec)
-        problems += ["%s: %s" % (label, problem) for problem in entry_problems]
+        given = {key: value for key, value in defaults.items() if key in spec}
+        given.update(entry)
+        checked, entry_problems = _check_entry(given, spec)
+        problems += ["%s: %s" % (_label(entry.get("name"), index), problem) for problem in entry_problems]
         if not entry_problems:
             merged.append(checked)
             names.append(checked["name"])
@@ -189,23 +242,124 @@ def check_entries(entries: Any, defaults: Any) -> Tuple[List[Dict[str, Any]], Li
     return merged, problems
 
 
+def _label(name: Any, index: int) -> str:
+    """"service NAME" for a name the units can carry, else the entry's place: a bad name is quoted once, in its
+    own problem, not at the head of every line."""
+    try:
+        return "service %s" % unit_text.unit_prefix(name)
+    except NumaError:
+        return "%s[%d]" % (ENTRIES, index)
+
+
+def _key(key: Any) -> str:
+    """A key as a problem line names it: as it is when it is a short word, else quoted."""
+    return key if isinstance(key, str) and _WORD.match(key) and len(key) <= 40 else quoted(key)
+
+
 def _check_entry(entry: Mapping[str, Any], spec: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
     checked = {}  # type: Dict[str, Any]
     problems = []  # type: List[str]
+    bad = set()
     for key, option in spec.items():
         if key not in entry or entry[key] is None:
             if option.get("required"):
                 problems.append("%s: missing; %s" % (key, option.get("description", "required")
                                                      if isinstance(option.get("description"), str) else "give it"))
+                bad.add(key)
             checked[key] = option.get("default")
             continue
-        checked[key], problem = check_value(key, entry[key], option, ENTRY_RANGES.get(key))
-        if problem:
-            problems.append("%s: %s" % (key, problem))
-        elif key in UNIT_CHECKS:
-            try:
-                UNIT_CHECKS[key](checked[key])
-            except NumaError as exc:
-                problems.append("%s: %s" % (key, exc))
-    problems += ["%s: %s" % (key, unknown_key(key, list(spec))) for key in entry if key not in spec]
+        checked[key], found = _check_key(key, entry[key], option)
+        problems += ["%s: %s" % (key, problem) for problem in found]
+        if found:
+            bad.add(key)
+    problems += _across_keys(checked, bad)
+    problems += ["%s: %s" % (_key(key), unknown_key(str(key), list(spec))) for key in entry if key not in spec]
     return checked, problems
+
+
+def _check_key(key: str, value: Any, option: Mapping[str, Any]) -> Tuple[Any, List[str]]:
+    """(the value converted, its problems): its type, then what the unit or the role does with it."""
+    converted, problem = check_value(key, value, option, ENTRY_RANGES.get(key))
+    if problem:
+        return converted, [problem]
+    if key in VALUE_CHECKS:
+        return VALUE_CHECKS[key](converted)
+    if key in UNIT_CHECKS:
+        try:
+            UNIT_CHECKS[key](converted)
+        except NumaError as exc:
+            return converted, [printable(str(exc))]
+    return converted, []
+
+
+def check_gate(values: Mapping[Any, Any]) -> Tuple[Dict[str, Any], List[str]]:
+    """An entry's ab_gate against inputs/gate, the table numa_rollout's argument spec is built from: (the keys
+    given, converted; "key: cause; fix" for each unknown key, wrong type or choice, then for each bound broken)."""
+    spec = gate.argument_spec()
+    converted = {}  # type: Dict[str, Any]
+    problems = []  # type: List[str]
+    for key, value in values.items():
+        if key not in spec:
+            problems.append("%s: %s" % (_key(key), unknown_key(str(key), list(spec))))
+        elif value is None:
+            converted[key] = None  # the gate's default, as numa_rollout takes it
+        else:
+            converted[key], problem = check_value(key, value, spec[key])
+            problems += ["%s: %s" % (key, problem)] if problem else []
+    # The bounds are the gate's own (what numa_rollout would refuse after the restart), over its defaults.
+    return converted, problems or gate.problems(gate.merged(converted))
+
+
+def check_url(url: str) -> List[str]:
+    """"cause; fix" when ``url`` is no URL the readiness probe can ask (act/rollout: http or https, with a host),
+    its ``{port}`` filled in as base/engines.health_url fills it."""
+    if not _WORD.match(url):
+        return ["%s holds a space, a control or a non-ASCII character; give the URL percent-encoded, like %s"
+                % (quoted(url), URL_EXAMPLE)]
+    try:
+        parts = urlsplit(url.replace(PORT_TOKEN, "1"))
+        port = parts.port  # ValueError for a port that is none (not a number, past 65535)
+    except ValueError as exc:
+        return ["%s is not a URL (%s); give one like %s" % (quoted(url), printable(str(exc)), URL_EXAMPLE)]
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return ["%s is not an http or https URL with a host; give one like %s" % (quoted(url), URL_EXAMPLE)]
+    if port == 0:
+        return ["%s asks port 0, where no server listens; give the instance's port, %s" % (quoted(url), PORT_TOKEN)]
+    unfilled = ["{%s}" % token for token in tokens.TOKENS if "{%s}" % token in url and "{%s}" % token != PORT_TOKEN]
+    if unfilled:
+        return ["%s uses %s, which the probe does not fill in (only %s); give the instance's URL with %s"
+                % (quoted(url), ", ".join(unfilled), PORT_TOKEN, PORT_TOKEN)]
+    return []
+
+
+# Checks of a converted value that return (the value, its problems): the A/B gate's keys against inputs/gate, the
+# readiness URL against what the probe asks.
+VALUE_CHECKS = {
+    GATE: check_gate,
+    "health_url": lambda url: (url, check_url(url)),
+}  # type: Dict[str, Callable[[Any], Tuple[Any, List[str]]]]
+
+
+def _across_keys(checked: Mapping[str, Any], bad: Collection[str]) -> List[str]:
+    """What one key asks of another: a port for the A/B gate and for each {port} token."""
+    if checked.get("port_base") is not None or "port_base" in bad:
+        return []
+    problems = []  # type: List[str]
+    if checked.get(GATE) is not None and GATE not in bad:
+        problems.append("%s: needs port_base, the port the gate measures each instance at; set port_base, or "
+                        "remove %s" % (GATE, GATE))
+    for key in ("command", "health_url"):
+        if checked.get(key) is not None and key not in bad:
+            problems += ["%s: %s" % (key, problem) for problem in port_problems(checked[key])]
+    return problems
+
+
+def port_problems(words: Any) -> List[str]:
+    """"cause; fix" when ``words`` (a command, or one URL) use {port} and the service has no port_base: the rule
+    numa-pin and the role fill the tokens by (base/tokens.substitute_tokens), given every token but the port."""
+    plan = {token: 0 for token in tokens.TOKENS if "{%s}" % token != PORT_TOKEN}
+    try:
+        tokens.substitute_tokens([words] if isinstance(words, str) else list(words), plan)
+    except NumaError as exc:
+        return [printable(str(exc))]
+    return []

@@ -3,7 +3,12 @@ checked read-only (module_utils/numa/read/preflight.py), each problem one line n
 import os
 
 import pytest
+import yaml
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import audit
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import kernel_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import preflight as host
 from ansible_collections.inferops.numa.plugins.plugin_utils import preflight
 from tests.fixtures import sysfs
@@ -128,6 +133,207 @@ def test_a_value_the_unit_cannot_hold_is_named_before_any_change(key, value, pro
     assert problem in problems[0]
 
 
+# --- what fails later, refused before any change: names, URLs, the A/B gate, {port}, NaN, close variables --------
+
+def _problems(**keys):
+    """The problems of one entry: SERVICE with ``keys`` over it."""
+    return preflight.check_entries([dict(SERVICE, **keys)], {})[1]
+
+
+def _one_line(problem):
+    return "\n" not in problem and all(" " <= char <= "~" for char in problem)
+
+
+@pytest.mark.parametrize("name", ["a\nb", "x{{ y }}", "{{ name }}", "../etc", "..", "a/b", "llama@1", "ll\u00e1ma", "",
+                                  "x" * 300, "a b", "a:b"])
+def test_a_name_no_unit_can_carry_is_refused_as_the_unit_filter_refuses_it(name):
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
+
+    problems = _problems(name=name)
+    assert len(problems) == 1 and problems[0].startswith(
+        "inference_service_list[0]: name: service name "), problems
+    assert "cannot name a systemd template unit" in problems[0] and _one_line(problems[0])
+    with pytest.raises(AnsibleFilterError):  # the role's own filter, later: the same verdict
+        FilterModule().filters()["systemd_unit_prefix"](name)
+
+
+def test_the_name_rule_is_the_unit_filters_own_function():
+    from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
+
+    assert preflight.UNIT_CHECKS["name"] is FilterModule().filters()["systemd_unit_prefix"].__wrapped__
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-3.1_8b", "x" * 200, "0"])
+def test_a_name_the_units_carry_passes(name):
+    assert _problems(name=name) == []
+
+
+@pytest.mark.parametrize("url, cause", [
+    ("htp://127.0.0.1:{port}/health", "is not an http or https URL with a host"),
+    ("ftp://127.0.0.1:{port}/health", "is not an http or https URL with a host"),
+    ("file:///etc/passwd", "is not an http or https URL with a host"),
+    ("127.0.0.1:{port}/health", "is not an http or https URL with a host"),
+    ("http:///health", "is not an http or https URL with a host"),
+    ("http://:{port}/health", "is not an http or https URL with a host"),
+    ("http://127.0.0.1:{port}/health now", "holds a space, a control or a non-ASCII character"),
+    ("http://127.0.0.1:{port}/\thealth", "holds a space, a control or a non-ASCII character"),
+    ("http://127.0.0.1:{port}/health\nHost: evil", "holds a space, a control or a non-ASCII character"),
+    ("http://h\u00f6st:{port}/", "holds a space, a control or a non-ASCII character"),
+    ("http://127.0.0.1:99999/health", "is not a URL (Port out of range"),
+    ("http://127.0.0.1:port/health", "is not a URL ("),
+    ("http://127.0.0.1:{port}/node/{node}", "uses {node}, which the probe does not fill in (only {port})"),
+    ("http://127.0.0.1:0/health", "asks port 0, where no server listens; give the instance's port, {port}"),
+])
+def test_a_health_url_the_probe_cannot_ask_is_refused(url, cause):
+    problems = _problems(health_url=url, port_base=8000)
+    assert len(problems) == 1 and problems[0].startswith("service llama: health_url: '"), problems
+    assert cause in problems[0] and _one_line(problems[0]), problems
+    if "{node}" not in cause and "port 0" not in cause:
+        assert problems[0].endswith("; give one like http://127.0.0.1:{port}/health") or problems[0].endswith(
+            "; give the URL percent-encoded, like http://127.0.0.1:{port}/health"), problems
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:{port}/ready", "https://gpu-7.example:8443/v1/health?deep=1",
+                                 "http://[::1]:{port}/health"])
+def test_an_http_url_with_a_host_passes(url):
+    assert _problems(health_url=url, port_base=8000) == []
+
+
+@pytest.mark.parametrize("values, problem", [
+    ({"rounds": 0}, "rounds: 0 is not a number from 1 to 50; give one in that range"),
+    ({"rounds": 10 ** 6}, "rounds: 1000000 is not a number from 1 to 50; give one in that range"),
+    ({"max_tokens": 0}, "max_tokens: 0 is not a number from 1 to 4096; give one in that range"),
+    ({"max_noise_percent": 0.1}, "max_noise_percent: 0.1 is not a number from 0.5 to 50; give one in that range"),
+    ({"rounds": 20}, "max_rounds: 15 is fewer than rounds (20); give max_rounds of at least rounds"),
+    ({"prompt": ""}, "prompt: give a text of 1 to 4096 characters"),
+    ({"rouns": 3}, "rouns: no such key; did you mean rounds?"),
+    ({"api": "grpc"}, "api: 'grpc' is not one of its choices; use one of: auto, llama.cpp, openai"),
+    ({"rounds": "many"}, "rounds: argument 'rounds' is of type "),  # the validator's words vary by core
+    ({"min_gain_percent": "nan"}, "min_gain_percent: nan is not a finite number; give a number"),
+    ({"min_gain_percent": float("nan")}, "min_gain_percent: nan is not a finite number; give a number"),
+    ({"min_gain_percent": float("inf")}, "min_gain_percent: inf is not a finite number; give a number"),
+    ({"max_noise_percent": "-inf"}, "max_noise_percent: -inf is not a finite number; give a number"),
+    ({"min_gain_percent": 2000}, "min_gain_percent: 2000.0 is not a number from -100 to 1000; give one in that range"),
+])
+def test_an_ab_gate_the_gate_would_refuse_after_the_restart_is_refused_before(values, problem):
+    problems = _problems(ab_gate=values, port_base=8000)
+    assert len(problems) == 1 and problems[0].startswith("service llama: ab_gate: " + problem), problems
+
+
+def test_an_ab_gate_is_checked_against_the_gates_own_table():
+    assert preflight.check_gate({"rounds": "7", "api": "openai", "min_gain_percent": None}) == (
+        {"rounds": 7, "api": "openai", "min_gain_percent": None}, [])
+    assert preflight.check_gate({"rouns": 3, "api": "grpc"})[1] == [
+        "rouns: no such key; did you mean rounds?",
+        "api: 'grpc' is not one of its choices; use one of: auto, llama.cpp, openai"]
+    (entry,), problems = preflight.check_entries([dict(SERVICE, port_base=8000, ab_gate={"rounds": "3"})], {})
+    assert problems == [] and entry["ab_gate"] == {"rounds": 3}
+
+
+def test_an_ab_gate_of_the_wrong_type_is_named_once():
+    (problem,) = _problems(ab_gate="fast", port_base=8000)
+    assert problem.startswith("service llama: ab_gate: argument 'ab_gate' is of type ") and problem.endswith(
+        "; give a mapping"), problem
+
+
+def test_the_roles_spec_documents_the_gates_table():
+    """meta/argument_specs.yml's ab_gate suboptions are text for people: the check is built from inputs/gate."""
+    with open(os.path.join(preflight.COLLECTION, "roles", "inference_service", "meta", "argument_specs.yml")) as handle:
+        documented = yaml.safe_load(handle)["argument_specs"]["main"]["options"]["inference_service_list"][
+            "options"]["ab_gate"]["options"]
+    table = gate.argument_spec()
+    assert list(documented) == list(table)
+    for name, spec in table.items():
+        said = documented[name]
+        assert (said["type"], said.get("default"), said.get("choices")) == (
+            spec["type"], spec.get("default"), spec.get("choices")), name
+        if name in gate.BOUNDS:
+            assert "%g to %g" % gate.BOUNDS[name] in said["description"], name
+
+
+def test_an_ab_gate_without_port_base_is_refused():
+    assert _problems(ab_gate={"rounds": 3}) == [
+        "service llama: ab_gate: needs port_base, the port the gate measures each instance at; set port_base, "
+        "or remove ab_gate"]
+    assert _problems(ab_gate={"rounds": 3}, port_base=8000) == []
+
+
+@pytest.mark.parametrize("keys, line", [
+    ({"command": ["/opt/llama/llama-server", "--port", "{port}"]},
+     "service llama: command: argument '{port}' uses {port} but the plan has no port: set port_base on the service"),
+    ({"command": ["/opt/llama/llama-server", "--listen=0.0.0.0:{port}"]},
+     "service llama: command: argument '--listen=0.0.0.0:{port}' uses {port} but the plan has no port"),
+    ({"health_url": "http://127.0.0.1:{port}/ready"},
+     "service llama: health_url: argument 'http://127.0.0.1:{port}/ready' uses {port} but the plan has no port"),
+])
+def test_a_port_token_without_port_base_is_refused(keys, line):
+    problems = _problems(**keys)
+    assert len(problems) == 1 and problems[0].startswith(line), problems
+    assert _problems(port_base=8000, **keys) == []
+
+
+def test_the_other_tokens_need_no_port_base():
+    assert _problems(command=["/opt/llama/llama-server", "-t", "{threads}", "--numa-node", "{node}", "{instance}",
+                              "{cpulist}"]) == []
+
+
+@pytest.mark.parametrize("value", ["nan", float("nan"), "inf", float("-inf"), "1e400"])
+def test_a_min_local_percent_that_is_no_number_is_refused(value):
+    assert _problems(min_local_percent=value) == [
+        "service llama: min_local_percent: %s is not a finite number; give a value from 0 to 100"
+        % float(value)]
+
+
+def test_no_bound_lets_nan_or_an_infinity_through():
+    spec = {"type": "float"}
+    assert preflight.check_value("x", "nan", spec, (0, 100))[1] == "nan is not a finite number; give a value from 0 to 100"
+    assert preflight.check_value("x", "inf", spec, (0, None))[1] == "inf is not a finite number; give 0 or more"
+    assert preflight.check_value("x", "nan", spec)[1] == "nan is not a finite number; give a number"
+    assert preflight.check_value("x", "99.5", spec, (0, 100)) == (99.5, None)
+    _, problems = preflight.check_settings({"inference_service_audit_settle_seconds": "nan"})
+    assert problems == ["inference_service_audit_settle_seconds: nan is not a finite number; give a value from 0 to "
+                        "86400"]
+
+
+def test_a_number_the_validator_cannot_take_is_a_problem_not_a_traceback():
+    assert _problems(port_base=10 ** 5000) == [
+        "service llama: port_base: (a 16610-bit number) is out of range; give a value from 1 to 65535"]
+    # ansible-core 2.19+ raises OverflowError making an int of an infinity, 2.14 says so in an error: one line either way.
+    (problem,) = _problems(port_base=float("inf"))
+    assert problem.startswith("service llama: port_base: ") and problem.endswith("; give a whole number"), problem
+
+
+def test_a_key_that_is_no_name_is_quoted_and_the_entry_still_checked():
+    problems = preflight.check_entries([{**SERVICE, 7: "x", "bad\nkey": 1}], {})[1]
+    assert problems == ["service llama: 7: no such key; valid keys: " + ", ".join(
+        sorted(preflight.role_options("inference_service")[preflight.ENTRIES]["options"])), problems[1]]
+    assert problems[1].startswith("service llama: 'bad\\nkey': no such key; ") and _one_line(problems[1])
+
+
+OWN = frozenset(["inference_service_list", "numa_host_balancing", "inference_service_entries"])
+
+
+def test_a_play_variable_very_close_to_an_option_is_named_with_it():
+    names = ["inference_services_list", "numa_hots_balancing", "inferenceservice_list", "inference_service_list",
+             "ansible_host", "ansible_inference_service_list", "_inference_service_lis", "groups", "hostvars",
+             "numa_serial", "numa_preflight", "inference_service_lst", "my_inference_list", "inference_services"]
+    assert preflight.close_variables(names, OWN) == [
+        "inference_services: no such variable; did you mean inference_service_list?",
+        "inference_services_list: no such variable; did you mean inference_service_list?",
+        "inferenceservice_list: no such variable; did you mean inference_service_list?",
+        "numa_hots_balancing: no such variable; did you mean numa_host_balancing?"]
+
+
+def test_a_close_variable_is_named_by_the_action_among_the_plays_variables():
+    """The action reads only the names of task_vars: every variable of the play, the roles' own left out."""
+    from ansible_collections.inferops.numa.plugins.action import numa_preflight
+
+    own = numa_preflight._role_own_vars()
+    assert {"inference_service_list", "inference_service_entries", "numa_host_helper_path"} <= own
+    assert preflight.close_variables(list(own), own) == []
+
+
 # --- the host: read-only checks under a root ---------------------------------------------------------------
 
 def _host(tmp_path, machine=None, pid1="systemd", server=True, slice_cpus=None):
@@ -196,3 +402,107 @@ def test_a_read_only_balancing_knob_is_a_problem_only_when_it_is_to_be_set(tmp_p
     assert host.host_problems(root, [], "keep") == []
     assert host.host_problems(root, [], "disabled")[0].startswith(
         "numa_host_balancing: /proc/sys/kernel/numa_balancing is read-only here")
+
+
+def _status(tmp_path, cap_eff):
+    self_dir = tmp_path / "proc" / "self"
+    self_dir.mkdir(parents=True, exist_ok=True)
+    (self_dir / "status").write_text("Name:\tpython3\nCapInh:\t0000000000000000\nCapEff:\t%s\n" % cap_eff)
+
+
+FULL_CAPS = "000001ffffffffff"
+NO_PTRACE = "%016x" % (0x000001ffffffffff & ~(1 << 19))
+# Docker's default set: chown dac_override fowner fsetid kill setgid setuid setpcap net_bind_service net_raw
+# sys_chroot mknod audit_write setfcap.
+DOCKER_DEFAULT = "00000000a80425fb"
+
+
+@pytest.mark.parametrize("cap_eff", [NO_PTRACE, DOCKER_DEFAULT])
+def test_root_without_cap_sys_ptrace_is_told_before_a_service_of_another_user_audits(tmp_path, cap_eff):
+    root = _host(tmp_path)
+    _status(tmp_path, cap_eff)
+    services = [dict(SERVICE), dict(SERVICE, name="vllm", user="svc-vllm"), dict(SERVICE, name="quiet", audit=False),
+                dict(SERVICE, name="mine", user="root")]
+    assert host.audit_problems(root, services, euid=0) == [
+        "service llama: audit: root here lacks CAP_SYS_PTRACE, so it cannot read /proc/<pid>/numa_maps of the "
+        "service's user llama (a container's default capabilities); grant CAP_SYS_PTRACE to the run, or set "
+        "audit: false",
+        "service vllm: audit: root here lacks CAP_SYS_PTRACE, so it cannot read /proc/<pid>/numa_maps of the "
+        "service's user svc-vllm (a container's default capabilities); grant CAP_SYS_PTRACE to the run, or set "
+        "audit: false"]
+
+
+def test_the_capability_check_is_part_of_the_hosts_problems(tmp_path, monkeypatch):
+    root = _host(tmp_path, slice_cpus=("0-159", "0-1"))
+    _status(tmp_path, NO_PTRACE)
+    monkeypatch.setattr(host.os, "geteuid", lambda: 0)
+    problems = host.host_problems(root, [SERVICE])
+    assert len(problems) == 1 and problems[0].startswith("service llama: audit: root here lacks CAP_SYS_PTRACE")
+    _status(tmp_path, FULL_CAPS)
+    assert host.host_problems(root, [SERVICE]) == []
+
+
+@pytest.mark.parametrize("cap_eff, euid, services", [
+    (FULL_CAPS, 0, [SERVICE]),                               # the capability is there
+    (NO_PTRACE, 1000, [SERVICE]),                            # not root: the audit runs as whoever may read
+    (NO_PTRACE, 0, [dict(SERVICE, audit=False)]),            # no audit
+    (NO_PTRACE, 0, [dict(SERVICE, user="root")]),            # root reads its own processes' pages
+    (NO_PTRACE, 0, [dict(SERVICE, user="0")]),
+    ("not hex", 0, [SERVICE]),                                # a status that says nothing: nothing to claim
+])
+def test_no_capability_problem_where_the_audit_can_read(tmp_path, cap_eff, euid, services):
+    root = _host(tmp_path)
+    _status(tmp_path, cap_eff)
+    assert host.audit_problems(root, services, euid=euid) == []
+
+
+def test_no_capability_problem_without_a_status_to_read(tmp_path):
+    assert host.audit_problems(_host(tmp_path), [SERVICE], euid=0) == []
+
+
+def _process(tmp_path, pid=4242):
+    proc = tmp_path / "proc" / str(pid)
+    proc.mkdir(parents=True)
+    (proc / "status").write_text("Name:\tllama-server\nCpus_allowed_list:\t0-3\nMems_allowed_list:\t0\n")
+    (proc / "stat").write_text("%d (llama-server) S 1 0 0\n" % pid)
+    (proc / "numa_maps").write_text("")
+    (proc / "maps").write_text("")
+    return str(tmp_path), pid
+
+
+def _refuse(monkeypatch, name):
+    """The kernel's answer to root without CAP_SYS_PTRACE: EACCES opening another user's ``name``."""
+    opened = kernel_files.Root._open_file
+
+    def refusing(self, rel):
+        if rel.endswith("/" + name):
+            raise PermissionError(13, "Permission denied")
+        return opened(self, rel)
+
+    monkeypatch.setattr(kernel_files.Root, "_open_file", refusing)
+
+
+@pytest.mark.parametrize("name", ["numa_maps", "maps"])
+def test_the_audit_names_the_missing_capability_when_root_is_refused(tmp_path, monkeypatch, name):
+    root, pid = _process(tmp_path)
+    _refuse(monkeypatch, name)
+    monkeypatch.setattr(audit.os, "geteuid", lambda: 0)
+    with pytest.raises(NumaError) as refused:
+        audit.read_process(root, pid, 4096)
+    message = str(refused.value)
+    assert message.startswith("cannot read %s/proc/%d/%s: permission denied to root, which lacks CAP_SYS_PTRACE"
+                              % (root, pid, name)), message
+    assert "grant CAP_SYS_PTRACE to the run" in message and "run as root" not in message
+
+
+def test_the_audit_still_tells_another_user_to_run_as_root(tmp_path, monkeypatch):
+    root, pid = _process(tmp_path)
+    _refuse(monkeypatch, "numa_maps")
+    monkeypatch.setattr(audit.os, "geteuid", lambda: 1000)
+    with pytest.raises(NumaError, match="permission denied; run as root"):
+        audit.read_process(root, pid, 4096)
+
+
+def test_a_readable_process_is_read(tmp_path):
+    root, pid = _process(tmp_path)
+    assert audit.read_process(root, pid, 4096)["name"] == "llama-server"

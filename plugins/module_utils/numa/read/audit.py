@@ -355,8 +355,8 @@ def read_process(root: str, pid: int, page_size: int) -> Optional[Dict[str, Any]
     """Threads and per-node memory of one process, and why it has none (``without_memory``); None when it is gone."""
     status = read_status(root, pid)
     stat_text = proc_text(root, pid, "stat")
-    numa_maps_text = proc_text(root, pid, "numa_maps")
-    maps_text = proc_text(root, pid, "maps")
+    numa_maps_text = _mappings_text(root, pid, "numa_maps")
+    maps_text = _mappings_text(root, pid, "maps")
     if status is None or numa_maps_text is None or maps_text is None:
         return None
     threads = [thread for thread in (_thread_report(root, pid, tid) for tid in _tasks(root, pid)) if thread]
@@ -368,6 +368,21 @@ def read_process(root: str, pid: int, page_size: int) -> Optional[Dict[str, Any]
             "policies": policy_bytes(lines),
             "node_bytes": node_bytes(lines),
             "without_memory": without_memory(pid, status, stat_text or "")}
+
+
+def _mappings_text(root: str, pid: int, name: str) -> Optional[str]:
+    """proc_text of a file the kernel shows only to a ptrace reader (numa_maps, maps). Root is refused one of
+    another user's process only without CAP_SYS_PTRACE (a container's default capabilities): then "run as root"
+    is no fix, and the message names the capability."""
+    try:
+        return proc_text(root, pid, name)
+    except NumaError as exc:
+        # proc_text raises its NumaError while handling the PermissionError (from None hides it from tracebacks only).
+        if os.geteuid() != 0 or not isinstance(exc.__context__, PermissionError):
+            raise
+        raise NumaError("cannot read %s: permission denied to root, which lacks CAP_SYS_PTRACE here (a container's "
+                        "default capabilities) and so cannot read another user's process; grant CAP_SYS_PTRACE to "
+                        "the run, or audit as the process's user" % os.path.join(root, "proc", str(pid), name)) from None
 
 
 def _merge(into: Dict[int, Dict[str, int]], nodes: Mapping[int, Mapping[str, int]]) -> None:

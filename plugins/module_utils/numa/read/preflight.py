@@ -10,16 +10,20 @@ Read-only. Each problem is one line, "[service NAME: ]what: cause; fix":
   the cpuset of the process that plans, which is not always the one a unit starts in;
 - ``set_mempolicy`` is allowed (a seccomp filter or a container can refuse it, and numa-pin then cannot
   bind);
-- the balancing knob is writable when the run is to set it.
+- the balancing knob is writable when the run is to set it;
+- root here can read the pages of another user's process (CAP_SYS_PTRACE in this process's effective set) when
+  a service audits and runs as another user: without it (a container's default capabilities) the audit of the
+  first restarted instance fails, after the change.
 
 The syscall check runs only on the live host (``root`` "/"): a captured tree has no kernel to ask.
 """
 
 import errno
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .kernel_files import Root, printable
+from .kernel_files import Root, printable, read_status
 from .topology import read
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError
@@ -30,6 +34,12 @@ SYSTEMD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/
 # The slice system units run in, and the files where cgroup v2 says what its cpuset allows.
 SYSTEM_SLICE = "sys/fs/cgroup/system.slice"
 BALANCING_KNOB = "proc/sys/kernel/numa_balancing"
+# capability(7): reading /proc/<pid>/numa_maps of another user's process is a ptrace read, which root passes
+# only with this capability in its effective set (CapEff in /proc/self/status, a hex mask).
+CAP_SYS_PTRACE = 19
+_CAP_MASK = re.compile(r"^[0-9a-fA-F]{1,32}$")
+# The accounts that own every process: no capability is needed to read their own pages.
+ROOT_USERS = ("root", "0")
 
 
 def host_problems(root: str, services: Sequence[Mapping[str, Any]], balancing: str = "keep") -> List[str]:
@@ -42,6 +52,7 @@ def host_problems(root: str, services: Sequence[Mapping[str, Any]], balancing: s
         return problems
     if root == "/":
         problems += mempolicy_problems()
+    problems += audit_problems(root, services)
     topology = read(root)
     allowed = slice_allowed(root)
     for entry in services:
@@ -82,6 +93,31 @@ def mempolicy_problems() -> List[str]:
                     "the syscall (the container's seccomp profile) or run on the host" % errno.errorcode.get(
                         exc.errno, exc.errno)]
     return []
+
+
+def audit_problems(root: str, services: Sequence[Mapping[str, Any]], euid: Optional[int] = None) -> List[str]:
+    """A line for each auditing service of another user when this process, as root (``euid``, default its
+    own), lacks CAP_SYS_PTRACE; none where the capability set cannot be read (nothing to say then)."""
+    users = [(str(entry.get("name")), str(entry.get("user") or entry.get("name"))) for entry in services
+             if entry.get("audit", True) and str(entry.get("user") or entry.get("name")) not in ROOT_USERS]
+    if not users or (os.geteuid() if euid is None else euid) != 0 or _has_capability(root, CAP_SYS_PTRACE) is not False:
+        return []
+    return ["service %s: audit: root here lacks CAP_SYS_PTRACE, so it cannot read /proc/<pid>/numa_maps of the "
+            "service's user %s (a container's default capabilities); grant CAP_SYS_PTRACE to the run, or set "
+            "audit: false" % (printable(name), printable(user)) for name, user in users]
+
+
+def _has_capability(root: str, bit: int) -> Optional[bool]:
+    """Whether this process's effective capabilities hold ``bit`` (/proc/self/status under ``root``); None when
+    the file or its CapEff line cannot be read."""
+    try:
+        status = read_status(root, "self")
+    except NumaError:
+        return None
+    mask = (status or {}).get("CapEff", "")
+    if not _CAP_MASK.match(mask):
+        return None
+    return bool(int(mask, 16) >> bit & 1)
 
 
 def slice_allowed(root: str) -> Optional[Dict[str, List[int]]]:
