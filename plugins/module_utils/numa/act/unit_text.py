@@ -21,7 +21,7 @@ import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.cpulist import format_cpulist, parse_cpulist
-from ..base.errors import NumaError
+from ..base.errors import NumaError, shown
 from ..base.tokens import BASELINE_ENV, OWN_ENV_PREFIX
 from ..decide.rollout import AUDIT_RECORD
 from ..inputs.request import OPTIONS, Option, check_names
@@ -269,8 +269,8 @@ def unit_prefix(name: Any) -> str:
     """Check a service name usable as ``<name>@.service``; returns it unchanged."""
     text = _expect_str(name, "service name")
     if not _UNIT_PREFIX.match(text):
-        raise NumaError("service name %r cannot name a systemd template unit: use letters, digits, "
-                        "':', '_', '.', '-' (no '@', no spaces)" % (text,))
+        raise NumaError("service name %s cannot name a systemd template unit: use 1 to 200 ASCII letters, digits, "
+                        "'_', '.' and '-' (no '@', '/', ':' or spaces)" % shown(text))
     return text
 
 
