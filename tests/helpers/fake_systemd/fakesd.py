@@ -36,6 +36,7 @@ STATE_ENV = "FAKE_SYSTEMD_STATE"
 UNIT_PATH_ENV = "FAKE_SYSTEMD_UNIT_PATH"
 ROOT_ENV = "FAKE_SYSTEMD_ROOT"
 TIMEOUT_STOP_ENV = "FAKE_SYSTEMD_TIMEOUT_STOP_SEC"
+TIMEOUT_START_ENV = "FAKE_SYSTEMD_TIMEOUT_START_SEC"
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUPERVISOR = os.path.join(HERE, "supervisor.py")
 
@@ -53,6 +54,7 @@ DEFAULT_START_LIMIT_INTERVAL = 10.0
 # systemd's DefaultTimeoutStopSec is 90 s; a test waits on it, so the fake's default is short (a unit's own
 # TimeoutStopSec= still wins, and $FAKE_SYSTEMD_TIMEOUT_STOP_SEC changes the default).
 DEFAULT_TIMEOUT_STOP = 5.0
+DEFAULT_TIMEOUT_START = 10.0  # systemd: 90 s, likewise (Type=notify waits this long for READY=1)
 UNIT_SUFFIXES = ("service", "socket", "target", "device", "mount", "automount", "swap", "timer", "path", "slice",
                  "scope")
 ACTIVE_STATES = ("active", "reloading", "activating", "deactivating")
@@ -60,15 +62,32 @@ CLEAN_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)
 RESTART_POLICIES = ("no", "on-success", "on-failure", "on-abnormal", "on-watchdog", "on-abort", "always")
 SERVICE_TYPES = ("simple", "exec", "forking", "oneshot", "dbus", "notify", "notify-reload", "idle")
 # The types the supervisor runs; the others are refused at start, by name (never run half right).
-RUN_TYPES = ("simple", "exec", "idle")
+RUN_TYPES = ("simple", "exec", "idle", "notify", "notify-reload")
+NOTIFY_TYPES = ("notify", "notify-reload")
 NUMA_POLICIES = ("default", "preferred", "bind", "interleave", "local")
 MPOL = {"default": 0, "preferred": 1, "bind": 2, "interleave": 3, "local": 4}
 SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261, "s390x": 270, "riscv64": 237}
 CLD_EXITED, CLD_KILLED, CLD_DUMPED = 1, 2, 3
 CODE_NAMES = {0: "(null)", CLD_EXITED: "exited", CLD_KILLED: "killed", CLD_DUMPED: "dumped"}
 # systemd's exit codes for the step of the start that failed (systemd.exec(5), "Process Exit Codes").
-EXIT_STEPS = {"CHDIR": 200, "EXEC": 203, "CPUAFFINITY": 215, "GROUP": 216, "USER": 217, "NUMA_POLICY": 242}
-EXIT_NAMES = {0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",
+EXIT_STEPS = {"CHDIR": 200, "EXEC": 203, "CPUAFFINITY": 215, "GROUP": 216, "USER": 217, "RUNTIME_DIRECTORY": 233,
+              "STATE_DIRECTORY": 238, "CACHE_DIRECTORY": 239, "LOGS_DIRECTORY": 240,
+              "CONFIGURATION_DIRECTORY": 241, "NUMA_POLICY": 242}
+# StateDirectory= and its kin: (the directory they are relative to under the root, the variable naming them).
+DIRECTORIES = {"RuntimeDirectory": ("run", "RUNTIME_DIRECTORY"), "StateDirectory": ("var/lib", "STATE_DIRECTORY"),
+               "CacheDirectory": ("var/cache", "CACHE_DIRECTORY"), "LogsDirectory": ("var/log", "LOGS_DIRECTORY"),
+               "ConfigurationDirectory": ("etc", "CONFIGURATION_DIRECTORY")}
+# Settings that change what a service does and that the fake does not do: each one found is a warning in the
+# unit's journal ("fake systemd does not emulate ..."), so a test never passes on a setting silently dropped.
+NOT_EMULATED = ("ExecStartPre", "ExecStartPost", "ExecCondition", "ExecStop", "ExecStopPost", "ExecReload",
+                "EnvironmentFile", "PassEnvironment", "UnsetEnvironment", "PIDFile", "RemainAfterExit", "KillMode",
+                "RestartPreventExitStatus", "RestartForceExitStatus", "WatchdogSec",
+                "RuntimeMaxSec", "StandardInput", "StandardOutput", "StandardError", "RootDirectory",
+                "DynamicUser", "AmbientCapabilities", "Nice", "CPUSchedulingPolicy", "OOMScoreAdjust",
+                "MemoryMax", "CPUQuota", "AllowedCPUs", "AllowedMemoryNodes", "Slice", "Delegate",
+                "BindsTo", "Requires", "PartOf", "Conflicts", "ConditionPathExists", "AssertPathExists")
+EXIT_NAMES = {233: "RUNTIME_DIRECTORY", 238: "STATE_DIRECTORY", 239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY",
+              241: "CONFIGURATION_DIRECTORY", 0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",
               5: "NOTINSTALLED", 6: "NOTCONFIGURED", 7: "NOTRUNNING", 200: "CHDIR", 201: "NICE", 202: "FDS",
               203: "EXEC", 204: "MEMORY", 205: "LIMITS", 206: "OOM_ADJUST", 207: "SIGNAL_MASK", 208: "STDIN",
               209: "STDOUT", 210: "CHROOT", 211: "IOPRIO", 212: "TIMERSLACK", 213: "SECUREBITS",
@@ -612,7 +631,7 @@ def fresh_state():
             "exec_main_code": 0, "exec_main_status": 0, "exec_main_start": 0, "exec_main_exit": 0,
             "n_restarts": 0, "invocation_id": "", "supervisor": None, "generation": 0, "stop_requested": False,
             "rl_begin": 0.0, "rl_num": 0, "active_enter": 0, "active_exit": 0, "inactive_enter": 0,
-            "inactive_exit": 0, "state_change": 0}
+            "inactive_exit": 0, "state_change": 0, "status_text": ""}
 
 
 def set_state(state, active, sub):
@@ -697,6 +716,10 @@ class Context:
             self.timeout_stop = parse_timespan(environ.get(TIMEOUT_STOP_ENV) or str(DEFAULT_TIMEOUT_STOP))
         except ValueError:
             self.timeout_stop = DEFAULT_TIMEOUT_STOP
+        try:
+            self.timeout_start = parse_timespan(environ.get(TIMEOUT_START_ENV) or str(DEFAULT_TIMEOUT_START))
+        except ValueError:
+            self.timeout_start = DEFAULT_TIMEOUT_START
         for sub in ("units", "loaded", "jobs", "journal"):
             os.makedirs(os.path.join(self.state, sub), exist_ok=True)
 
@@ -1005,10 +1028,11 @@ def new_definition(unit):
             "description": "", "type": "simple", "exec_start": [], "environment": [], "user": "", "group": "",
             "working_directory": "", "working_directory_optional": False, "cpu_affinity": None,
             "cpu_affinity_numa": False, "numa_policy": "", "numa_mask": None, "restart": "no",
-            "restart_sec": DEFAULT_RESTART_SEC, "timeout_stop_sec": None, "kill_signal": int(signal.SIGTERM),
+            "restart_sec": DEFAULT_RESTART_SEC, "timeout_stop_sec": None, "timeout_start_sec": None,
+            "notify_access": "", "kill_signal": int(signal.SIGTERM),
             "success_exit_status": [], "success_exit_signals": [],
             "start_limit_burst": DEFAULT_START_LIMIT_BURST, "start_limit_interval": DEFAULT_START_LIMIT_INTERVAL,
-            "ignore_sigpipe": True, "umask": 0o022, "warnings": [], "not_emulated": []}
+            "ignore_sigpipe": True, "umask": 0o022, "directories": {}, "warnings": [], "not_emulated": []}
 
 
 def _exec_prefixes(raw):
@@ -1131,7 +1155,13 @@ def _unit_setting(definition, key, value, unit, fragment):
     elif key == "StartLimitBurst":
         definition["start_limit_burst"] = _unsigned(key, value, DEFAULT_START_LIMIT_BURST)
     else:
-        definition["not_emulated"].append(key)
+        _not_emulated(definition, key)
+
+
+def _not_emulated(definition, key):
+    definition["not_emulated"].append(key)
+    if key in NOT_EMULATED:
+        raise SyntaxProblem("fake systemd does not emulate %s=, ignoring." % key)
 
 
 def _service_setting(definition, key, value, unit, fragment):
@@ -1182,10 +1212,16 @@ def _service_setting(definition, key, value, unit, fragment):
         definition["restart"] = value
     elif key == "RestartSec":
         definition["restart_sec"] = _timespan(key, value, DEFAULT_RESTART_SEC)
-    elif key in ("TimeoutStopSec", "TimeoutSec"):
-        definition["timeout_stop_sec"] = _timespan(key, value, None)
-        if key == "TimeoutSec":
-            definition["not_emulated"].append("TimeoutStartSec (from TimeoutSec)")
+    elif key in ("TimeoutStopSec", "TimeoutStartSec", "TimeoutSec"):
+        seconds = _timespan(key, value, None)
+        if key != "TimeoutStartSec":
+            definition["timeout_stop_sec"] = seconds
+        if key != "TimeoutStopSec":
+            definition["timeout_start_sec"] = seconds
+    elif key == "NotifyAccess":
+        if value not in ("", "none", "main", "exec", "all"):
+            raise SyntaxProblem("Failed to parse notify access specifier, ignoring: %s" % value)
+        definition["notify_access"] = value
     elif key == "KillSignal":
         try:
             definition["kill_signal"] = parse_signal(value) if value else int(signal.SIGTERM)
@@ -1204,6 +1240,14 @@ def _service_setting(definition, key, value, unit, fragment):
                     raise SyntaxProblem("Failed to parse exit status, ignoring: %s" % word)
     elif key in ("StartLimitInterval", "StartLimitBurst"):
         _unit_setting(definition, key, value, unit, fragment)
+    elif key in DIRECTORIES:
+        names = []
+        for word, _raw in extract_words(expand_specifiers(value, unit, fragment)):
+            name = word.split(":", 1)[0]
+            if name.startswith("/") or ".." in name.split("/") or not name:
+                raise SyntaxProblem("%s= path is not valid, ignoring: %s" % (key, word))
+            names.append(name)
+        definition["directories"][key] = definition["directories"].get(key, []) + names if names else []
     elif key == "IgnoreSIGPIPE":
         definition["ignore_sigpipe"] = value.lower() in ("1", "yes", "true", "on")
     elif key == "UMask":
@@ -1212,7 +1256,7 @@ def _service_setting(definition, key, value, unit, fragment):
         except ValueError:
             raise SyntaxProblem("Failed to parse mode value, ignoring: %s" % value)
     else:
-        definition["not_emulated"].append(key)
+        _not_emulated(definition, key)
 
 
 def _timespan(key, value, default):
@@ -1250,9 +1294,21 @@ def exec_plan(definition, invocation_id, context):
     """What the supervisor's child does for the unit's ExecStart=: paths, argv, environment, placement."""
     command = definition["exec_start"][0]
     env = {"PATH": MANAGER_PATH, "INVOCATION_ID": invocation_id}
+    notes = []
     user = None if command["privileged"] else account(definition["user"])
     if user:
         env.update(USER=user.pw_name, LOGNAME=user.pw_name, HOME=user.pw_dir, SHELL=user.pw_shell)
+    elif definition["user"] and not command["privileged"]:
+        notes.append("fake systemd: User=%s is not applied (%s); the service runs as uid %d" % (
+            definition["user"], "no such user here" if os.geteuid() == 0 else "the fake does not run as root",
+            os.geteuid()))
+    directories = []
+    for key, names in sorted(definition.get("directories", {}).items()):
+        if names:
+            base, variable = DIRECTORIES[key]
+            paths = [os.path.join(context.root, base, name) for name in names]
+            env[variable] = ":".join(paths)
+            directories += [(key, path) for path in paths]
     for assignment in definition["environment"]:
         name, _sep, value = assignment.partition("=")
         env[name] = value
@@ -1269,7 +1325,8 @@ def exec_plan(definition, invocation_id, context):
             "gid": group_id(definition["group"], user) if user or definition["group"] else None,
             "cwd": directory or "/", "cwd_optional": definition["working_directory_optional"],
             "umask": definition["umask"], "ignore_sigpipe": definition["ignore_sigpipe"],
-            "ident": os.path.basename(command["path"]), "ignore": command["ignore"]}
+            "ident": os.path.basename(command["path"]), "ignore": command["ignore"], "directories": directories,
+            "notes": notes}
 
 
 def account(name):
@@ -1309,10 +1366,14 @@ def properties(context, unit, definition, state, names=None):
         commands = definition.get("exec_start") or []
         add(("Type", definition.get("type", "simple")))
         add(("Restart", definition.get("restart", "no")))
-        add(("NotifyAccess", "none"))
+        add(("NotifyAccess", definition.get("notify_access") or (
+            "main" if definition.get("type") in NOTIFY_TYPES else "none")))
         add(("RestartUSec", format_timespan(definition.get("restart_sec", DEFAULT_RESTART_SEC))))
         add(("TimeoutStopUSec", format_timespan(context.timeout_stop if timeout is None else timeout)))
+        add(("TimeoutStartUSec", format_timespan(context.timeout_start if definition.get("timeout_start_sec") is None
+                                                 else definition["timeout_start_sec"])))
         add(("MainPID", str(state["main_pid"])))
+        add(("StatusText", state.get("status_text", "")))
         add(("ControlPID", "0"))
         add(("Result", state["result"]))
         add(("NRestarts", str(state["n_restarts"])))

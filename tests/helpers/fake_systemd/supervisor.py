@@ -36,6 +36,9 @@ PR_SET_CHILD_SUBREAPER = 36
 STEP_MESSAGES = {"CPUAFFINITY": "Failed to set up CPU affinity", "NUMA_POLICY": "Failed to set NUMA memory policy",
                  "GROUP": "Failed to determine group credentials", "USER": "Failed to change UID",
                  "CHDIR": "Changing to the requested working directory failed"}
+STEP_MESSAGES.update((step, "Failed to set up special execution directory") for step in
+                     ("RUNTIME_DIRECTORY", "STATE_DIRECTORY", "CACHE_DIRECTORY", "LOGS_DIRECTORY",
+                      "CONFIGURATION_DIRECTORY"))
 
 
 def become_subreaper():
@@ -130,6 +133,11 @@ def child(plan, out_w, status_w):
                 if plan["user"]:
                     os.initgroups(plan["user"], plan["gid"])
                 os.setgid(plan["gid"])
+            for key, path in plan["directories"]:
+                step = key.upper().replace("DIRECTORY", "_DIRECTORY")
+                os.makedirs(path, mode=0o755, exist_ok=True)
+                if plan["uid"] is not None:
+                    os.chown(path, plan["uid"], plan["gid"] if plan["gid"] is not None else -1)
             step = "USER"
             if plan["uid"] is not None:
                 os.setuid(plan["uid"])
@@ -225,6 +233,18 @@ class Supervisor:
             if outcome != "restart" or not self.wait_restart():
                 break
         self.reap_all(2.0)
+        self.remove_runtime_directories()
+
+    def remove_runtime_directories(self):
+        """RuntimeDirectory= goes when the unit stops (RuntimeDirectoryPreserve=no, systemd's default)."""
+        import shutil
+        with self.context.lock():
+            definition = self.context.loaded(self.unit)
+            state = self.context.read_state(self.unit)
+        if state["generation"] != self.generation or state["active"] in fakesd.ACTIVE_STATES:
+            return
+        for name in definition.get("directories", {}).get("RuntimeDirectory", []):
+            shutil.rmtree(os.path.join(self.context.root, "run", name), ignore_errors=True)
 
     def run_once(self):
         """Start the main process once and supervise it until it and the unit's other processes are gone:
@@ -232,7 +252,7 @@ class Supervisor:
         with self.context.lock():
             state = self.context.read_state(self.unit)
             if not self.current(state):
-                self.answer({"ok": False, "error": "the unit was stopped meanwhile"})
+                self.answer({"ok": False, "canceled": True})
                 return "done"
             definition = self.context.loaded(self.unit)
             invocation = state["invocation_id"]
@@ -248,6 +268,10 @@ class Supervisor:
                 return "done"
         name = fakesd.unit_status_name(definition)
         kind = definition["type"]
+        for note in plan["notes"]:
+            self.journal("%s: %s" % (self.unit, note), invocation=invocation)
+        notify = self.notify_socket(plan) if kind in fakesd.NOTIFY_TYPES else None
+        self.started_ok, self.start_timed_out, self.protocol_error = False, False, False
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
@@ -262,7 +286,7 @@ class Supervisor:
         os.close(status_w)
         self.context.register(pid, "main", self.unit)
         started = time.time()
-        if kind != "exec":  # simple, idle: started once forked
+        if kind in ("simple", "idle"):  # started once forked
             self.record_start(pid, started, name)
         failure = self.read_status(status_r)
         if failure and failure.get("step") == "SKIP":
@@ -275,16 +299,64 @@ class Supervisor:
             self.journal("%s: Failed at step %s spawning %s: %s" % (self.unit, failure["step"], plan["path"],
                                                                    failure["error"]), pid=pid,
                          invocation=invocation)
-        elif kind == "exec":
+        elif kind == "exec":  # started once execve succeeded
             self.record_start(pid, started, name)
-        wait_status, hard_main, hard_any = self.supervise(pid, out_r, definition, plan, invocation)
-        outcome = self.record_exit(definition, plan, pid, wait_status, (hard_main, hard_any),
-                                   failure is not None and kind == "exec", name)
-        if failure is not None and kind == "exec":
-            self.answer({"ok": False, "exec_failed": True, "step": failure["step"], "error": failure["error"]})
-        else:
-            self.answer({"ok": False, "error": "the unit stopped before it started"})
+        start_by = None
+        if notify is not None and failure is None:  # started once it says READY=1
+            timeout = definition["timeout_start_sec"]
+            start_by = time.monotonic() + (self.context.timeout_start if timeout is None else timeout)
+        wait_status, hard_main, hard_any = self.supervise(pid, out_r, definition, plan, invocation, notify,
+                                                          start_by, name)
+        if notify is not None:
+            notify.close()
+        outcome, result = self.record_exit(definition, plan, pid, wait_status, (hard_main, hard_any), name)
+        self.answer({"ok": False, "result": result} if result != "success" else {"ok": False, "canceled": True})
         return outcome
+
+    def notify_socket(self, plan):
+        """The unit's $NOTIFY_SOCKET (sd_notify(3)): a datagram socket in the abstract namespace, which passes
+        the sender's credentials (NotifyAccess= is checked against them)."""
+        import socket
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
+        address = "fakesd/%d/%s" % (self.pid, os.urandom(6).hex())
+        sock.bind("\0" + address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        plan["env"]["NOTIFY_SOCKET"] = "@" + address
+        return sock
+
+    def notified(self, notify, definition, pid, name, invocation):
+        """Read what the unit's processes sent to $NOTIFY_SOCKET: READY=1, STATUS=, STOPPING=1, MAINPID= (kept
+        only from the processes NotifyAccess= allows: the main one by default)."""
+        import socket
+        import struct
+        access = definition["notify_access"] or "main"
+        while True:
+            try:
+                data, ancillary, _flags, _address = notify.recvmsg(65536, socket.CMSG_SPACE(12))
+            except (BlockingIOError, InterruptedError):
+                return
+            sender = None
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(payload) >= 12:
+                    sender = struct.unpack("iii", payload[:12])[0]
+            if access == "none" or (access in ("main", "exec") and sender != pid):
+                self.journal("%s: Got notification message from PID %s, but reception only permitted for main PID "
+                             "%d" % (self.unit, sender, pid), invocation=invocation)
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode("utf-8", "replace").split("\n") if "=" in line)
+            if "STATUS" in fields:
+                with self.context.lock():
+                    state = self.context.read_state(self.unit)
+                    state["status_text"] = fields["STATUS"]
+                    self.context.write_state(self.unit, state)
+            if fields.get("READY") == "1" and not self.started_ok:
+                self.record_start(pid, time.time(), name, exec_start=False)
+            if fields.get("STOPPING") == "1":
+                with self.context.lock():
+                    state = self.context.read_state(self.unit)
+                    if state["generation"] == self.generation and state["active"] == "active":
+                        fakesd.set_state(state, "deactivating", "stop-sigterm")
+                        self.context.write_state(self.unit, state)
 
     def read_status(self, status_r):
         chunks = []
@@ -301,12 +373,15 @@ class Supervisor:
         except ValueError:
             return {"step": "EXEC", "error": "unreadable", "message": "Failed to execute"}
 
-    def record_start(self, pid, started, name):
+    def record_start(self, pid, started, name, exec_start=True):
+        """The unit is active: record it, say so in the journal, answer systemctl start."""
+        self.started_ok = True
         with self.context.lock():
             state = self.context.read_state(self.unit)
             state["main_pid"] = state["exec_main_pid"] = pid
-            state["exec_main_start"], state["exec_main_exit"] = started, 0
-            state["exec_main_code"] = state["exec_main_status"] = 0
+            if exec_start:
+                state["exec_main_start"], state["exec_main_exit"] = started, 0
+                state["exec_main_code"] = state["exec_main_status"] = 0
             if state["generation"] == self.generation and not state["stop_requested"]:
                 fakesd.set_state(state, "active", "running")
             self.context.write_state(self.unit, state)
@@ -326,10 +401,11 @@ class Supervisor:
             fakesd.signal_processes(pids, signal.SIGCONT)
         return pids
 
-    def supervise(self, pid, out_r, definition, plan, invocation):
+    def supervise(self, pid, out_r, definition, plan, invocation, notify=None, start_by=None, name=""):
         """Pump the output to the journal until the main process and every other process of the unit are gone;
-        on a stop request send KillSignal=, SIGKILL after TimeoutStopSec=. Returns (wait status, whether the main
-        process was still there to be killed when the time ran out, whether anything was)."""
+        on a stop request send KillSignal=, SIGKILL after TimeoutStopSec=; a Type=notify unit not READY by
+        ``start_by`` (TimeoutStartSec=) is stopped the same way. Returns (wait status, whether the main process
+        was still there to be killed when the time ran out, whether anything was)."""
         timeout = definition["timeout_stop_sec"]
         timeout = self.context.timeout_stop if timeout is None else timeout
         pending, main_status, deadline, killing, hard = b"", None, None, False, False
@@ -337,7 +413,10 @@ class Supervisor:
         out_open, grace = True, None
         while True:
             now = time.monotonic()
-            if not killing and (self.stop or main_status is not None):
+            if start_by is not None and not self.started_ok and not killing and now >= start_by:
+                self.start_timed_out = True
+                self.journal("%s: start operation timed out. Terminating." % self.unit, invocation=invocation)
+            if not killing and (self.stop or main_status is not None or self.start_timed_out):
                 killing = True
                 if self.kill_unit(definition["kill_signal"]):
                     deadline = now + timeout
@@ -368,7 +447,9 @@ class Supervisor:
                 elif now >= grace:
                     break
             wait = 0.5 if deadline is None or hard else max(0.0, min(0.5, deadline - now))
-            readers = [self.wake_r] + ([out_r] if out_open else [])
+            if start_by is not None and not self.started_ok:
+                wait = max(0.0, min(wait, start_by - now))
+            readers = [self.wake_r] + ([out_r] if out_open else []) + ([notify] if notify is not None else [])
             try:
                 ready, _w, _x = select.select(readers, [], [], 0.05 if grace is not None else wait)
             except InterruptedError:
@@ -379,6 +460,8 @@ class Supervisor:
                         pass
                 except BlockingIOError:
                     pass
+            if notify is not None and notify in ready:
+                self.notified(notify, definition, pid, name, invocation)
             if out_open and out_r in ready:
                 data = os.read(out_r, 65536)
                 if not data:
@@ -404,14 +487,18 @@ class Supervisor:
         return rest
 
     # --- when it ended ---
-    def record_exit(self, definition, plan, pid, wait_status, timed_out, exec_failed, name):
-        """Record the main process's end; "restart" when Restart= restarts it, else "done". A stop that timed
-        out is the Result when it came first (the main process was still running), as systemd records the
-        first failure."""
+    def record_exit(self, definition, plan, pid, wait_status, timed_out, name):
+        """Record the main process's end: ("restart" when Restart= restarts it, else "done", the Result). A stop
+        or start that timed out is the Result when it came first (the main process was still running then), as
+        systemd keeps the first failure; a Type=notify process that ends well before READY=1 is a "protocol"
+        failure."""
         code, status = decode(wait_status)
         result = result_of(definition, code, status, plan["ignore"])
-        if timed_out[0] or (timed_out[1] and result == "success"):
+        if self.start_timed_out or timed_out[0] or (timed_out[1] and result == "success"):
             result = "timeout"
+        elif result == "success" and definition["type"] in fakesd.NOTIFY_TYPES and not self.started_ok \
+                and not self.stop:
+            result = "protocol"
         with self.context.lock():
             state = self.context.read_state(self.unit)
             invocation = state["invocation_id"]
@@ -424,32 +511,33 @@ class Supervisor:
             if result == "success":
                 self.journal("%s: Deactivated successfully." % self.unit, invocation=invocation)
             else:
-                self.journal("%s: Main process exited, code=%s, status=%s" % (
-                    self.unit, fakesd.CODE_NAMES[code], fakesd.exit_status_text(code, status)), invocation=invocation)
+                if code != fakesd.CLD_EXITED or status != 0:
+                    self.journal("%s: Main process exited, code=%s, status=%s" % (
+                        self.unit, fakesd.CODE_NAMES[code], fakesd.exit_status_text(code, status)),
+                        invocation=invocation)
                 self.journal("%s: Failed with result '%s'." % (self.unit, result), invocation=invocation)
             if not mine:  # started again meanwhile: leave the unit to its new supervisor
                 self.context.write_state(self.unit, state)
-                return "done"
+                return "done", result
             if state["result"] == "success":
                 state["result"] = result
+            failed = state["result"] != "success"
             if stopping:
                 state["supervisor"] = None
-                fakesd.set_state(state, "failed" if state["result"] != "success" else "inactive",
-                                 "failed" if state["result"] != "success" else "dead")
+                fakesd.set_state(state, "failed" if failed else "inactive", "failed" if failed else "dead")
                 self.context.write_state(self.unit, state)
                 self.journal("Stopped %s." % name, invocation=invocation)
-                return "done"
-            if exec_failed:
+                return "done", result
+            if not self.started_ok and definition["type"] not in ("simple", "idle"):
                 self.journal("Failed to start %s." % name, invocation=invocation)
             if shall_restart(definition["restart"], result):
                 fakesd.set_state(state, "activating", "auto-restart")
                 self.context.write_state(self.unit, state)
-                return "restart"
+                return "restart", result
             state["supervisor"] = None
-            fakesd.set_state(state, "failed" if state["result"] != "success" else "inactive",
-                             "failed" if state["result"] != "success" else "dead")
+            fakesd.set_state(state, "failed" if failed else "inactive", "failed" if failed else "dead")
             self.context.write_state(self.unit, state)
-            return "done"
+            return "done", result
 
     def wait_restart(self):
         """RestartSec=, then the restart job: True to start again, False when stopped or the start limit hit."""
@@ -498,7 +586,7 @@ class Supervisor:
             state["result"] = "success"
             fakesd.set_state(state, "activating", "start")
             self.context.write_state(self.unit, state)
-            if definition["type"] == "exec":
+            if definition["type"] not in ("simple", "idle"):
                 self.journal("Starting %s..." % name, invocation=state["invocation_id"])
         return True
 
