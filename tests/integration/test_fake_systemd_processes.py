@@ -24,6 +24,7 @@ from tests.tools import REPO, ansible_command
 fake = pytest.fixture(name="fake")(fake_systemd_fixture)
 
 PYTHON = sys.executable
+SYSTEM_PYTHON = "/usr/bin/python3"
 # A process that reports how it was started (argv, environment, CPUs, directory) on its stdout, then stays or exits.
 REPORT = ("import json, os, sys, time; print(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ), "
           "'cpus': sorted(os.sched_getaffinity(0)), 'cwd': os.getcwd()}), flush=True); "
@@ -256,6 +257,68 @@ def test_numa_policy_is_applied_and_a_mask_the_kernel_refuses_fails_the_start(fa
     props = fake.show("bad@0.service", "ActiveState", "Result", "ExecMainStatus")
     assert props == {"ActiveState": "failed", "Result": "exit-code", "ExecMainStatus": "242"}
     assert "bad@0.service: Main process exited, code=exited, status=242/NUMA_POLICY" in fake.journal("bad@0.service")
+
+
+@pytest.mark.skipif(not os.access(SYSTEM_PYTHON, os.X_OK), reason="no %s for user nobody" % SYSTEM_PYTHON)
+def test_user_group_and_the_service_directories(fake):
+    settings = ["User=nobody", "Group=nogroup", "StateDirectory=%p-%i", "RuntimeDirectory=%p/run",
+                "Environment=STAY=600"]
+    # this venv's interpreter may sit where nobody cannot reach it: as under systemd, that start would fail (203)
+    fake.write_unit("acct@.service", unit(unit_text.exec_line([SYSTEM_PYTHON, "-c", REPORT]), *settings))
+    fake.systemctl("start", "acct@3.service", check=True)
+    pid = fake.show("acct@3.service", "MainPID")["MainPID"]
+    fake.wait("acct@3.service", lambda props: bool(fake.journal("acct@3.service")[1:]))
+    seen = report_of(fake, "acct@3.service")
+    state_dir, runtime_dir = fake.root + "/var/lib/acct-3", fake.root + "/run/acct/run"
+    assert seen["env"]["STATE_DIRECTORY"] == state_dir and seen["env"]["RUNTIME_DIRECTORY"] == runtime_dir
+    if os.geteuid() == 0:  # the fake applies User= only as root, where the user exists
+        with open("/proc/%s/status" % pid) as handle:
+            ids = {line.split(":")[0]: line.split()[1] for line in handle if line.startswith(("Uid", "Gid"))}
+        assert ids == {"Uid": "65534", "Gid": "65534"} and seen["env"]["USER"] == "nobody"
+        assert os.stat(state_dir).st_uid == 65534
+    fake.systemctl("stop", "acct@3.service", check=True)
+    assert os.path.isdir(state_dir) and not os.path.exists(runtime_dir)  # RuntimeDirectory= goes at the stop
+    fake.write_unit("nouser.service", unit(python(REPORT), "User=no-such-user-here"))
+    fake.systemctl("start", "nouser.service", check=True)
+    fake.wait("nouser.service", ended)
+    assert "nouser.service: fake systemd: User=no-such-user-here is not applied (%s); the service runs as uid %d" % (
+        "no such user here" if os.geteuid() == 0 else "the fake does not run as root", os.geteuid()) in fake.journal(
+        "nouser.service")
+
+
+def test_a_setting_the_fake_does_not_emulate_is_said_in_the_journal(fake):
+    fake.write_unit("pre.service", unit("/bin/sleep 600", "ExecStartPre=/bin/false", "ProtectSystem=strict"))
+    fake.systemctl("start", "pre.service", check=True)
+    journal = fake.journal("pre.service")
+    assert any(line.endswith(":7: fake systemd does not emulate ExecStartPre=, ignoring.") for line in journal)
+    assert not any("ProtectSystem" in line for line in journal)  # sandboxing: ignored, changes nothing here
+
+
+NOTIFY = ("import os, socket, sys, time; address = os.environ['NOTIFY_SOCKET']; time.sleep(float(sys.argv[1])); "
+          "sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM); "
+          "sock.sendto(sys.argv[2].replace('|', chr(10)).encode(), chr(0) + address[1:] if address[0] == '@' "
+          "else address); "
+          "time.sleep(float(sys.argv[3]))")
+
+
+def test_type_notify_waits_for_ready_and_fails_on_a_timeout_or_an_early_exit(fake):
+    fake.write_unit("ready.service", unit(python(NOTIFY, "0.3", "STATUS=model loaded|READY=1", "600"),
+                                          kind="notify"))
+    began = time.monotonic()
+    assert fake.systemctl("start", "ready.service").returncode == 0
+    assert time.monotonic() - began >= 0.3
+    props = fake.show("ready.service", "ActiveState", "StatusText", "NotifyAccess")
+    assert props == {"ActiveState": "active", "StatusText": "model loaded", "NotifyAccess": "main"}
+    fake.write_unit("late.service", unit(python(NOTIFY, "600", "READY=1", "0"), "TimeoutStartSec=400ms",
+                                         kind="notify"))
+    late = fake.systemctl("start", "late.service")
+    assert late.returncode == 1 and "Job for late.service failed because a timeout was exceeded." in late.stderr
+    assert fake.show("late.service", "ActiveState", "Result") == {"ActiveState": "failed", "Result": "timeout"}
+    assert "late.service: start operation timed out. Terminating." in fake.journal("late.service")
+    fake.write_unit("quits.service", unit(python("pass"), kind="notify"))
+    quits = fake.systemctl("start", "quits.service")
+    assert quits.returncode == 1 and "did not take the steps required by its unit configuration" in quits.stderr
+    assert fake.show("quits.service", "Result")["Result"] == "protocol"
 
 
 # --------------------------------------------------------------------------------- failures and restarts ---
