@@ -666,6 +666,19 @@ def start_limit_ok(state, definition):
     return False
 
 
+def start_limit_hit(context, unit, state, name):
+    """A start refused by the start limit (systemd's service_enter_dead with start-limit-hit): the unit fails,
+    and its Result stays the failure that came first (a crash loop's "exit-code"; "start-limit-hit" only when
+    the unit had not failed), as systemd keeps the first failure."""
+    if state["result"] == "success":
+        state["result"] = "start-limit-hit"
+    set_state(state, "failed", "failed")
+    invocation = state["invocation_id"]
+    context.journal(unit, "%s: Start request repeated too quickly." % unit, invocation=invocation)
+    context.journal(unit, "%s: Failed with result '%s'." % (unit, state["result"]), invocation=invocation)
+    context.journal(unit, "Failed to start %s." % name, invocation=invocation)
+
+
 def read_json(path, default):
     try:
         with open(path, encoding="utf-8") as handle:

@@ -77,7 +77,7 @@ def shall_restart(policy, result):
     if policy == "on-failure":
         return result != "success"
     if policy == "on-abnormal":
-        return result in ("signal", "core-dump", "timeout", "watchdog")
+        return result not in ("success", "exit-code")
     if policy == "on-abort":
         return result in ("signal", "core-dump")
     if policy == "on-watchdog":
@@ -573,14 +573,9 @@ class Supervisor:
                          invocation=state["invocation_id"])
             self.journal("Stopped %s." % name, invocation=state["invocation_id"])
             if not fakesd.start_limit_ok(state, definition):
-                state["result"] = "start-limit-hit"
+                fakesd.start_limit_hit(self.context, self.unit, state, name)
                 state["supervisor"] = None
-                fakesd.set_state(state, "failed", "failed")
                 self.context.write_state(self.unit, state)
-                self.journal("%s: Start request repeated too quickly." % self.unit, invocation=state["invocation_id"])
-                self.journal("%s: Failed with result 'start-limit-hit'." % self.unit,
-                             invocation=state["invocation_id"])
-                self.journal("Failed to start %s." % name, invocation=state["invocation_id"])
                 return False
             state["invocation_id"] = fakesd.new_invocation_id()
             state["result"] = "success"
