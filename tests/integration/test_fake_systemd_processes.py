@@ -225,6 +225,40 @@ def test_at_prefix_names_argv0_and_dash_prefix_ignores_a_failure(fake):
     assert (props["ActiveState"], props["Result"], props["ExecMainStatus"]) == ("inactive", "success", "3")
 
 
+def test_unit_file_verbs_enable_disable_mask_list_and_cat(fake):
+    fake.write_unit("web@.service", unit("/bin/sleep 600"))
+    fake.write_unit("plain.service", unit("/bin/sleep 600", install=False))
+    state = fake.systemctl("is-enabled", "web@0.service")
+    assert (state.returncode, state.stdout) == (1, "disabled\n")
+    assert fake.systemctl("is-enabled", "plain.service").stdout == "static\n"
+    missing = fake.systemctl("is-enabled", "nothere.service")
+    assert missing.returncode == 1 and "Failed to get unit file state for nothere.service" in missing.stderr
+    enabled = fake.systemctl("enable", "--now", "web@0.service")
+    assert enabled.returncode == 0 and enabled.stderr.startswith("Created symlink ")
+    assert fake.show("web@0.service", "UnitFileState", "ActiveState") == {"UnitFileState": "enabled",
+                                                                          "ActiveState": "active"}
+    assert fake.systemctl("enable", "web@0.service").stderr == ""  # already: nothing to say
+    listed = fake.systemctl("list-unit-files", "web@*").stdout.splitlines()
+    assert listed[0].split() == ["UNIT", "FILE", "STATE", "VENDOR", "PRESET"]
+    assert listed[1].split() == ["web@.service", "indirect", "enabled"] and listed[-1] == "1 unit files listed."
+    assert fake.systemctl("list-unit-files", "nothere*").returncode == 1
+    assert fake.systemctl("disable", "--now", "web@0.service").returncode == 0
+    assert fake.show("web@0.service", "UnitFileState", "ActiveState") == {"UnitFileState": "disabled",
+                                                                          "ActiveState": "inactive"}
+    fake.systemctl("mask", "web@1.service", check=True)
+    masked = fake.systemctl("start", "web@1.service")
+    assert (masked.returncode, masked.stderr) == (1, "Failed to start web@1.service: Unit web@1.service is "
+                                                     "masked.\n")
+    fake.systemctl("unmask", "web@1.service", check=True)
+    assert fake.systemctl("start", "web@1.service").returncode == 0
+    status = fake.systemctl("status", "web@1.service")
+    assert status.returncode == 0 and "Active: active (running)" in status.stdout
+    assert fake.systemctl("status", "web@0.service").returncode == 3
+    assert fake.systemctl("status", "nothere.service").returncode == 4
+    cat = fake.systemctl("cat", "web@1.service").stdout
+    assert cat.startswith("# %s/web@.service\n[Unit]" % fake.unit_dir)
+
+
 # ---------------------------------------------------------------------------------------- placement -------
 
 @pytest.mark.parametrize("settings, expected", [
@@ -356,24 +390,55 @@ def test_a_crash_loop_restarts_then_hits_the_start_limit(fake):
         if props["ActiveState"] == "failed" or time.monotonic() - began > 15:
             break
         time.sleep(0.03)
-    assert props == {"ActiveState": "failed", "SubState": "failed", "NRestarts": "5", "Result": "start-limit-hit"}
+    # systemd keeps the first failure as the Result: the crash's, not the start limit's
+    assert props == {"ActiveState": "failed", "SubState": "failed", "NRestarts": "5", "Result": "exit-code"}
     assert ("activating", "auto-restart") in [(state, sub) for state, sub, _n in seen]
     counts = [count for _state, _sub, count in seen]
     assert counts == sorted(counts) and len(set(counts)) >= 3  # NRestarts grew while we watched
     journal = fake.journal("crash@0.service")
     assert journal.count("boom: cannot load model") == 5
     assert "crash@0.service: Main process exited, code=exited, status=3/NOTIMPLEMENTED" in journal
-    assert "crash@0.service: Scheduled restart job, restart counter is at 4." in journal
-    assert journal[-3:] == ["crash@0.service: Start request repeated too quickly.",
-                            "crash@0.service: Failed with result 'start-limit-hit'.",
+    assert journal[-6:] == ["crash@0.service: Failed with result 'exit-code'.",
+                            "crash@0.service: Scheduled restart job, restart counter is at 5.",
+                            "Stopped crash@0.service - Test 0.",
+                            "crash@0.service: Start request repeated too quickly.",
+                            "crash@0.service: Failed with result 'exit-code'.",
                             "Failed to start crash@0.service - Test 0."]
     assert time.monotonic() - began < 10
-    # the limit holds a manual start too, until reset-failed
+    # the limit holds a manual start too, until reset-failed; systemctl says why by the Result
     refused = fake.systemctl("start", "crash@0.service")
-    assert refused.returncode == 1 and "start of the service was attempted too often" in refused.stderr
+    assert refused.returncode == 1
+    assert refused.stderr.startswith("Job for crash@0.service failed because the control process exited with "
+                                     "error code.")
+    assert fake.journal("crash@0.service")[-3] == "crash@0.service: Start request repeated too quickly."
     assert fake.systemctl("reset-failed", "crash@0.service").returncode == 0
     assert fake.show("crash@0.service", "ActiveState", "NRestarts", "Result") == {
         "ActiveState": "inactive", "NRestarts": "0", "Result": "success"}
+
+
+def test_the_start_limit_counts_clean_exits_and_manual_starts_too(fake):
+    fake.write_unit("quick.service", unit(python("pass"), unit_settings=["StartLimitBurst=3",
+                                                                         "StartLimitIntervalSec=1min"]))
+    for _ in range(3):
+        fake.systemctl("start", "quick.service", check=True)
+        fake.wait("quick.service", ended)
+    refused = fake.systemctl("start", "quick.service")
+    assert refused.returncode == 1 and refused.stderr.splitlines()[0] == (
+        "Job for quick.service failed because start of the service was attempted too often.")
+    assert "To force a start use \"systemctl reset-failed quick.service\"" in refused.stderr
+    assert fake.show("quick.service", "ActiveState", "Result") == {"ActiveState": "failed",
+                                                                  "Result": "start-limit-hit"}
+
+
+def test_a_start_during_the_restart_delay_waits_for_the_restart(fake):
+    fake.write_unit("flaky.service", unit(python("import sys, time; time.sleep(0.2); sys.exit(1)"),
+                                          "Restart=on-failure", "RestartSec=700ms"))
+    fake.systemctl("start", "flaky.service", check=True)
+    fake.wait("flaky.service", lambda props: props["SubState"] == "auto-restart")
+    began = time.monotonic()
+    assert fake.systemctl("start", "flaky.service").returncode == 0
+    assert time.monotonic() - began > 0.3  # it waited for RestartSec=, as the start job does
+    assert fake.show("flaky.service", "NRestarts")["NRestarts"] == "1"
 
 
 def test_restart_always_and_a_stop_during_the_restart_delay(fake):
@@ -682,7 +747,7 @@ def test_rollout_rolls_back_a_unit_that_never_becomes_ready(fake, tmp_path):
 def test_rollout_rolls_back_a_unit_that_hit_its_start_limit(fake, tmp_path):
     instance = _gated(fake, [])
     result = _roll(fake, instance, tmp_path, 20)
-    assert result["failed"] and "its unit failed (start-limit-hit)" in result["msg"], result
+    assert result["failed"] and "its unit failed (exit-code)" in result["msg"], result
     assert result["instances"][0]["rolled_back"] == "back on its previous unit and plan, ready", result
     assert fake.show("gate@0.service", "ActiveState")["ActiveState"] == "active"
 
