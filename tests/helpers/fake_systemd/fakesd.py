@@ -86,14 +86,14 @@ NOT_EMULATED = ("ExecStartPre", "ExecStartPost", "ExecCondition", "ExecStop", "E
                 "DynamicUser", "AmbientCapabilities", "Nice", "CPUSchedulingPolicy", "OOMScoreAdjust",
                 "MemoryMax", "CPUQuota", "AllowedCPUs", "AllowedMemoryNodes", "Slice", "Delegate",
                 "BindsTo", "Requires", "PartOf", "Conflicts", "ConditionPathExists", "AssertPathExists")
-EXIT_NAMES = {233: "RUNTIME_DIRECTORY", 238: "STATE_DIRECTORY", 239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY",
-              241: "CONFIGURATION_DIRECTORY", 0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",
+EXIT_NAMES = {0: "SUCCESS", 1: "FAILURE", 2: "INVALIDARGUMENT", 3: "NOTIMPLEMENTED", 4: "NOPERMISSION",
               5: "NOTINSTALLED", 6: "NOTCONFIGURED", 7: "NOTRUNNING", 200: "CHDIR", 201: "NICE", 202: "FDS",
               203: "EXEC", 204: "MEMORY", 205: "LIMITS", 206: "OOM_ADJUST", 207: "SIGNAL_MASK", 208: "STDIN",
               209: "STDOUT", 210: "CHROOT", 211: "IOPRIO", 212: "TIMERSLACK", 213: "SECUREBITS",
               214: "SETSCHEDULER", 215: "CPUAFFINITY", 216: "GROUP", 217: "USER", 218: "CAPABILITIES",
               219: "CGROUP", 220: "SETSID", 222: "STDERR", 224: "PAM", 225: "NETWORK", 226: "NAMESPACE",
-              227: "NO_NEW_PRIVILEGES", 228: "SECCOMP", 242: "NUMA_POLICY"}
+              227: "NO_NEW_PRIVILEGES", 228: "SECCOMP", 233: "RUNTIME_DIRECTORY", 238: "STATE_DIRECTORY",
+              239: "CACHE_DIRECTORY", 240: "LOGS_DIRECTORY", 241: "CONFIGURATION_DIRECTORY", 242: "NUMA_POLICY"}
 LINE_MAX = 48 * 1024  # journald's LineMax=: a longer line is split
 
 
@@ -184,7 +184,7 @@ def parse_signal(text):
     try:
         return int(getattr(signal, name))
     except AttributeError:
-        raise ValueError("unknown signal %r" % text)
+        raise ValueError("unknown signal %r" % text) from None
 
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9:_.\\-]+(@[A-Za-z0-9:_.\\-]*)?\.(%s)$" % "|".join(UNIT_SUFFIXES))
@@ -220,8 +220,7 @@ def unescape_name(text):
         char = text[index]
         if char == "-":
             out += b"/"
-        elif char == "\\" and text[index + 1:index + 2] == "x" and re.match(r"^[0-9a-fA-F]{2}$",
-                                                                           text[index + 2:index + 4]):
+        elif char == "\\" and re.match(r"^x[0-9a-fA-F]{2}$", text[index + 1:index + 4]):
             out.append(int(text[index + 2:index + 4], 16))
             index += 3
         else:
@@ -405,7 +404,7 @@ def extract_words(text, cunescape=True, relax=False):
         index = found[2]
 
 
-def parse_unit_text(path, text):
+def parse_unit_text(text):
     """systemd.syntax(7): [(section, key, value, line number)] and [(line number, warning)].
 
     Comments (# and ;) and empty lines are skipped; a line ending in an odd run of backslashes joins the next
@@ -874,7 +873,7 @@ class Context:
     # --- unit files ---
     def discover(self, unit):
         """(fragment path or None, [drop-in paths in the order systemd applies them])."""
-        prefix, instance, suffix = split_name(unit)
+        prefix, _instance, suffix = split_name(unit)
         template = template_of(unit)
         fragment = None
         for name in [unit] + ([template] if template else []):
@@ -944,10 +943,10 @@ class Context:
             except OSError as exc:
                 definition["warnings"].append("%s: %s" % (path, exc.strerror))
                 continue
-            assignments, warnings = parse_unit_text(path, text)
+            assignments, warnings = parse_unit_text(text)
             definition["warnings"] += ["%s:%d: %s" % (path, line, message) for line, message in warnings]
             entries += [(path, line, section, key, value) for section, key, value, line in assignments]
-        interpret(definition, entries, self)
+        interpret(definition, entries)
         return definition
 
     def loaded(self, unit):
@@ -1027,7 +1026,7 @@ def install_targets(fragment):
     """Whether the unit file has an [Install] section that enables it (WantedBy=, RequiredBy=, Alias=, ...)."""
     try:
         with open(fragment, "rb") as handle:
-            assignments, _warnings = parse_unit_text(fragment, handle.read().decode("utf-8", "replace"))
+            assignments, _warnings = parse_unit_text(handle.read().decode("utf-8", "replace"))
     except OSError:
         return False
     return any(section == "Install" and key in ("WantedBy", "RequiredBy", "UpheldBy", "Alias", "Also")
@@ -1125,7 +1124,7 @@ def _environment_words(value, unit, fragment):
     return found
 
 
-def interpret(definition, entries, context):
+def interpret(definition, entries):
     """Apply the assignments in order (fragment first, then each drop-in): later ones win, an empty one resets
     a list; each refused value is a warning, as systemd logs it, and the setting keeps its earlier value."""
     unit = definition["id"]
@@ -1239,7 +1238,7 @@ def _service_setting(definition, key, value, unit, fragment):
         try:
             definition["kill_signal"] = parse_signal(value) if value else int(signal.SIGTERM)
         except ValueError:
-            raise SyntaxProblem("Failed to parse signal, ignoring: %s" % value)
+            raise SyntaxProblem("Failed to parse signal, ignoring: %s" % value) from None
     elif key == "SuccessExitStatus":
         if not value:
             definition["success_exit_status"], definition["success_exit_signals"] = [], []
@@ -1250,7 +1249,7 @@ def _service_setting(definition, key, value, unit, fragment):
                 try:
                     definition["success_exit_signals"].append(parse_signal(word))
                 except ValueError:
-                    raise SyntaxProblem("Failed to parse exit status, ignoring: %s" % word)
+                    raise SyntaxProblem("Failed to parse exit status, ignoring: %s" % word) from None
     elif key in ("StartLimitInterval", "StartLimitBurst"):
         _unit_setting(definition, key, value, unit, fragment)
     elif key in DIRECTORIES:
@@ -1267,7 +1266,7 @@ def _service_setting(definition, key, value, unit, fragment):
         try:
             definition["umask"] = int(value, 8) if value else 0o022
         except ValueError:
-            raise SyntaxProblem("Failed to parse mode value, ignoring: %s" % value)
+            raise SyntaxProblem("Failed to parse mode value, ignoring: %s" % value) from None
     else:
         _not_emulated(definition, key)
 
@@ -1278,7 +1277,7 @@ def _timespan(key, value, default):
     try:
         return parse_timespan(value)
     except ValueError:
-        raise SyntaxProblem("Failed to parse %s= parameter, ignoring: %s" % (key, value))
+        raise SyntaxProblem("Failed to parse %s= parameter, ignoring: %s" % (key, value)) from None
 
 
 def _unsigned(key, value, default):
@@ -1369,7 +1368,7 @@ def new_invocation_id():
 
 # ------------------------------------------------------------------------------------------- show ---------
 
-def properties(context, unit, definition, state, names=None):
+def properties(context, unit, definition, state):
     """systemctl show's properties of a unit, in systemd's order: [(name, value)]."""
     service = unit.endswith(".service")
     props = []

@@ -181,6 +181,7 @@ class Supervisor:
         self.report_fd = report_fd
         self.stop = False
         self.main_pid = 0
+        self.started_ok = self.start_timed_out = False  # of the current run: active yet, TimeoutStartSec= hit
         self.pid = os.getpid()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -271,7 +272,7 @@ class Supervisor:
         for note in plan["notes"]:
             self.journal("%s: %s" % (self.unit, note), invocation=invocation)
         notify = self.notify_socket(plan) if kind in fakesd.NOTIFY_TYPES else None
-        self.started_ok, self.start_timed_out, self.protocol_error = False, False, False
+        self.started_ok, self.start_timed_out = False, False
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGCHLD})
@@ -296,9 +297,8 @@ class Supervisor:
         elif failure:
             self.journal("%s: %s: %s" % (self.unit, failure["message"], failure["error"]), pid=pid,
                          invocation=invocation)
-            self.journal("%s: Failed at step %s spawning %s: %s" % (self.unit, failure["step"], plan["path"],
-                                                                   failure["error"]), pid=pid,
-                         invocation=invocation)
+            self.journal("%s: Failed at step %s spawning %s: %s" % (
+                self.unit, failure["step"], plan["path"], failure["error"]), pid=pid, invocation=invocation)
         elif kind == "exec":  # started once execve succeeded
             self.record_start(pid, started, name)
         start_by = None
@@ -617,8 +617,8 @@ def main(argv):
         supervisor.run()
     except BaseException:
         import traceback
-        sys.stderr.write("fake systemd supervisor of %s (pid %d) crashed:\n%s" % (unit, os.getpid(),
-                                                                               traceback.format_exc()))
+        sys.stderr.write("fake systemd supervisor of %s (pid %d) crashed:\n%s" % (
+            unit, os.getpid(), traceback.format_exc()))
         supervisor.answer({"ok": False, "error": "the supervisor crashed: see %s" % context.path("supervisor.log")})
         with context.lock():
             state = context.read_state(unit)
