@@ -194,11 +194,16 @@ HOSTILE = ["plain", "two words", "%i %n %%", "$HOME and ${HOME}", "$$", 'quote "
            "semi;colon", "'single'", "-dash", "", "\u00e9t\u00e9"]
 
 
-def test_arguments_written_by_unit_text_reach_the_process_exactly(fake):
-    fake.write_unit("q@.service", unit(python(REPORT, *HOSTILE), "Environment=HOME=/should/not/expand"))
+def test_arguments_and_environment_written_by_unit_text_reach_the_process_exactly(fake):
+    env = {"SPACES": "two  spaces", "QUOTES": 'say "hi" \\ bye', "PERCENT": "50% %i", "DOLLAR": "$HOME ${X}",
+           "TAB": "a\tb", "EMPTY": ""}
+    fake.write_unit("q@.service", unit(python(REPORT, *HOSTILE), "Environment=HOME=/should/not/expand",
+                                       *["Environment=" + line for line in unit_text.environment_lines(env)]))
     fake.systemctl("start", "q@7.service", check=True)
     fake.wait("q@7.service", ended)
-    assert report_of(fake, "q@7.service")["argv"] == HOSTILE
+    seen = report_of(fake, "q@7.service")
+    assert seen["argv"] == HOSTILE
+    assert {name: seen["env"].get(name) for name in env} == env
 
 
 def test_specifiers_quotes_escapes_and_environment_expansion_as_systemd_reads_them(fake):
