@@ -2,6 +2,8 @@
 (``--shuffle``); turn a missing tool `make test` installs into a failure under `make test` (tests/tools.py)."""
 import os
 import random
+import shutil
+import stat
 import sys
 import tempfile
 
@@ -112,3 +114,31 @@ def pytest_terminal_summary(terminalreporter, config):
     if config.shuffle_seed is not None:
         terminalreporter.write_line("shuffled with seed %d: replay the order with --shuffle=%d over the same paths"
                                     % (config.shuffle_seed, config.shuffle_seed))
+
+
+# --- a directory root may trust ------------------------------------------------------------------------------
+
+def trusted_chain(path):
+    """Whether every directory from / to path is owned by root (or us) and writable by no one else, as
+    metrics requires of the plan directory."""
+    current = "/"
+    for name in [""] + [part for part in path.split("/") if part]:
+        current = os.path.join(current, name)
+        info = os.lstat(current)
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
+            return False
+    return True
+
+
+@pytest.fixture
+def trusted_dir():
+    """A fresh 0755 directory on a chain from / that only root (or this user) may write: tmp_path is under
+    /tmp, which anyone may write, so metrics refuses a plan directory there."""
+    for base in ("/run", os.environ.get("XDG_RUNTIME_DIR") or "", os.path.expanduser("~")):
+        if base and os.path.isdir(base) and os.access(base, os.W_OK) and trusted_chain(base):
+            path = tempfile.mkdtemp(prefix="inferops-numa-test-", dir=base)
+            os.chmod(path, 0o755)
+            yield path
+            shutil.rmtree(path, ignore_errors=True)
+            return
+    pytest.skip("no writable directory here whose chain from / only root or this user may write")

@@ -16,6 +16,7 @@ import yaml
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import rollout, unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base import tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import systemctl as systemctl_reader
 
 from tests.helpers.fake_systemd import HERE, FakeSystemd, fake_systemd_fixture
@@ -713,50 +714,65 @@ def test_ansible_systemd_service_fails_on_a_failed_reload(fake, tmp_path):
 
 # --------------------------------------------------------------------------------------- numa_rollout -----
 
-def _gated(fake, crash_unit_settings):
-    """gate@0 serving HTTP on a free port from its previous unit, its template changed to one that crashes at once;
-    the Instance (ready when its port answers)."""
+@pytest.fixture
+def deploying(tmp_path, trusted_dir):
+    """A fake systemd whose units are in a directory root may trust, as numa_rollout writes only there."""
+    yield from fake_systemd_fixture(tmp_path, os.path.join(trusted_dir, "units"))
+
+
+def _gated(fake, directory, crash_unit_settings, restart_sec="100ms"):
+    """gate@0 serving HTTP on a free port from its unit; the deployment that changes that unit to one that crashes
+    at once (ready when its port answers)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     serve = unit(unit_text.exec_line([PYTHON, "-m", "http.server", "--bind", "127.0.0.1", str(port)]),
                  "Restart=on-failure", "RestartSec=100ms")
-    path = fake.write_unit("gate@.service", serve)
+    template = fake.write_unit("gate@.service", serve)
+    os.chmod(template, 0o644)
+    record = os.path.join(directory, "gate@0.plan.json")
+    with open(record, "w") as handle:
+        handle.write("{}\n")
     fake.systemctl("start", "gate@0.service", check=True)
-    with open(path + rollout.PREVIOUS_SUFFIX, "w") as handle:
-        handle.write(serve)
-    fake.write_unit("gate@.service", unit(python("import sys; sys.exit(2)"), "Restart=on-failure",
-                                          "RestartSec=100ms", unit_settings=crash_unit_settings))
-    fake.systemctl("daemon-reload", check=True)
-    return rollout.Instance("gate@0.service", True, None, port, None, (path,))
+    crash = unit(python("import sys; sys.exit(2)"), "Restart=on-failure", "RestartSec=%s" % restart_sec,
+                 unit_settings=crash_unit_settings)
+    wanted = Service("gate", {template: crash, record: "{}\n"}, {"gate@0.service": (template, record)},
+                     {"gate@0.service": record}, False, frozenset([template]))
+    return rollout.Deployment(wanted, (rollout.Instance("gate@0.service", None, port, None),)), template, serve
 
 
-def _roll(fake, instance, tmp_path, ready_seconds):
+def _deploy(fake, deployment, directory, tmp_path, ready_seconds):
     with fake.environment():
-        return rollout.roll([instance], 1, ready_seconds, systemctl_reader.run_command, root=str(tmp_path / "root"),
-                            sleep=lambda seconds: time.sleep(0.1))
+        host = rollout.Host(systemctl_reader.run_command, sleep=lambda seconds: time.sleep(0.1))
+        return rollout.deploy([deployment], rollout.Options(directory, ready_seconds=ready_seconds,
+                                                            root=str(tmp_path / "root")), host)
 
 
-def test_rollout_rolls_back_a_unit_that_never_becomes_ready(fake, tmp_path):
-    """rollout.roll against the fake: a restarted unit crash-looping without end (no start limit) never answers,
-    and goes back to its previous unit, which answers again."""
-    instance = _gated(fake, ["StartLimitIntervalSec=0"])
-    result = _roll(fake, instance, tmp_path, 3)
-    assert result["failed"] and "gate@0.service: not ready after 3 s" in result["msg"], result
+def test_rollout_rolls_back_a_unit_that_crash_loops(deploying, trusted_dir, tmp_path):
+    """numa_rollout's core against the fake: a unit crash-looping without end (no start limit) is failed at the
+    next look, its unit file goes back, and it restarts on it and answers again."""
+    deployment, template, serve = _gated(deploying, trusted_dir, ["StartLimitIntervalSec=0"])
+    began = time.monotonic()
+    result = _deploy(deploying, deployment, trusted_dir, tmp_path, 30)
+    assert time.monotonic() - began < 15, result
+    assert result["failed"] and "gate@0.service: it is crash-looping" in result["msg"], result
     assert result["instances"][0]["rolled_back"] == "back on its previous unit and plan, ready", result
-    props = fake.show("gate@0.service", "ActiveState", "ExecStart", "NRestarts")
+    with open(template) as handle:
+        assert handle.read() == serve
+    props = deploying.show("gate@0.service", "ActiveState", "ExecStart")
     assert props["ActiveState"] == "active" and "http.server" in props["ExecStart"]
-    assert [call[1] for call in fake.calls() if call[1] != "show"][-3:] == ["restart", "daemon-reload", "restart"]
+    assert [call[1] for call in deploying.calls() if call[1] not in ("show", "reset-failed")] == [
+        "start", "daemon-reload", "restart", "daemon-reload", "restart"]
 
 
-@pytest.mark.xfail(strict=True, reason="rollout.undo restarts a unit that hit its start limit without `systemctl "
-                                       "reset-failed` first, and systemd refuses that start (the fake does too)")
-def test_rollout_rolls_back_a_unit_that_hit_its_start_limit(fake, tmp_path):
-    instance = _gated(fake, [])
-    result = _roll(fake, instance, tmp_path, 20)
-    assert result["failed"] and "its unit failed (exit-code)" in result["msg"], result
+def test_rollout_rolls_back_a_unit_that_hit_its_start_limit(deploying, trusted_dir, tmp_path):
+    """A unit at its start limit refuses starts until reset-failed; the rollback's restart resets it first."""
+    deployment, _template, _serve = _gated(deploying, trusted_dir, [], restart_sec="0")
+    result = _deploy(deploying, deployment, trusted_dir, tmp_path, 20)
+    assert "gate@0.service: Start request repeated too quickly." in deploying.journal("gate@0.service")
+    assert result["failed"] and "gate@0.service: " in result["msg"], result
     assert result["instances"][0]["rolled_back"] == "back on its previous unit and plan, ready", result
-    assert fake.show("gate@0.service", "ActiveState")["ActiveState"] == "active"
+    assert deploying.show("gate@0.service", "ActiveState")["ActiveState"] == "active"
 
 
 def test_the_helper_directory_holds_exactly_two_commands():

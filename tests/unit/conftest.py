@@ -1,9 +1,6 @@
 """tests/unit is pure: no test here starts a process. Every way the standard library has to start one fails the
 test that tries, naming where such a test belongs (tests/integration/<name>_processes.py)."""
 import os
-import shutil
-import stat
-import tempfile
 import subprocess
 
 import pytest
@@ -37,29 +34,3 @@ def no_processes():
                 if hasattr(module, name):
                     patch.setattr(module, name, _refuse("%s.%s" % (module.__name__, name)))
         yield
-
-
-def trusted_chain(path):
-    """Whether every directory from / to path is owned by root (or us) and writable by no one else, as
-    metrics requires of the plan directory."""
-    current = "/"
-    for name in [""] + [part for part in path.split("/") if part]:
-        current = os.path.join(current, name)
-        info = os.lstat(current)
-        if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.geteuid()) or info.st_mode & 0o022:
-            return False
-    return True
-
-
-@pytest.fixture
-def trusted_dir():
-    """A fresh 0755 directory on a chain from / that only root (or this user) may write: tmp_path is under
-    /tmp, which anyone may write, so metrics refuses a plan directory there."""
-    for base in ("/run", os.environ.get("XDG_RUNTIME_DIR") or "", os.path.expanduser("~")):
-        if base and os.path.isdir(base) and os.access(base, os.W_OK) and trusted_chain(base):
-            path = tempfile.mkdtemp(prefix="inferops-numa-test-", dir=base)
-            os.chmod(path, 0o755)
-            yield path
-            shutil.rmtree(path, ignore_errors=True)
-            return
-    pytest.skip("no writable directory here whose chain from / only root or this user may write")

@@ -108,7 +108,7 @@ class Tree:
                 files[self.drop_in(index)] = drop_ins[index]
         wanted = Service("a", files, units, {"a@%d.service" % i: self.record(i) for i in range(self.count)},
                          gate is not None, frozenset([self.template] + [self.drop_in(i) for i in range(self.count)]))
-        instances = tuple(rollout.Instance("a@%d.service" % i, None, None, audit and audit(i), gate)
+        instances = tuple(rollout.Instance("a@%d.service" % i, None, 8080 + i, audit and audit(i), gate)
                           for i in range(self.count))
         return rollout.Deployment(wanted, instances)
 
@@ -575,3 +575,12 @@ def test_a_unit_at_its_start_limit_is_reset_before_each_start():
     systemd = FakeSystemd()
     assert systemd.host().start("restart", "a@0.service") is None
     assert systemd.calls == [["reset-failed", "a@0.service"], ["restart", "a@0.service"]]
+
+
+def test_an_instance_with_nothing_to_ask_is_ready_when_active_at_two_looks_without_a_restart():
+    systemd = FakeSystemd(active=["a@0.service"])
+    plain = rollout.Instance("a@0.service", None, None, None)
+    assert rollout.wait_ready(plain, 60, systemd.host()) is None and systemd.now == rollout.POLL_SECONDS
+    looks = iter([0, 1])  # restarted by systemd between the two looks: active at each, but crash-looping
+    systemd.restarts = type("Restarts", (), {"get": lambda self, unit, default: next(looks)})()
+    assert "crash-looping" in rollout.wait_ready(plain, 60, systemd.host())

@@ -254,10 +254,10 @@ def _subreaper(on):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1 if on else 0, 0, 0, 0)
 
 
-def fake_systemd_fixture(tmp_path):
-    """The body of a ``fake_systemd`` fixture: a FakeSystemd in tmp_path (units/, root/, state/), stopped and
-    reaped at teardown, failing the test if any of its processes survived."""
-    fake = FakeSystemd(tmp_path / "systemd-state", [tmp_path / "units"], root=tmp_path / "root")
+def fake_systemd_fixture(tmp_path, unit_dir=None):
+    """The body of a ``fake_systemd`` fixture: a FakeSystemd in tmp_path (units/, root/, state/; its units in
+    ``unit_dir`` when given), stopped and reaped at teardown, failing the test if any of its processes survived."""
+    fake = FakeSystemd(tmp_path / "systemd-state", [unit_dir or tmp_path / "units"], root=tmp_path / "root")
     with fake:
         yield fake
     left = fake.survivors()

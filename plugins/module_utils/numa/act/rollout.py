@@ -316,6 +316,7 @@ def wait_ready(instance: Instance, ready_seconds: float, host: Host) -> Optional
     ran out."""
     deadline = host.clock() + ready_seconds
     restarts = None  # type: Optional[int]
+    active_before = False
     while True:
         props = host.states([instance.unit])[instance.unit]
         state, sub = props.get("ActiveState"), props.get("SubState")
@@ -333,10 +334,17 @@ def wait_ready(instance: Instance, ready_seconds: float, host: Host) -> Optional
             said = host.journal(instance.unit)
             return "%s; its journal: %s" % (why, said) if said else "%s: see `journalctl -u %s`" % (why, instance.unit)
         seen = "unit %s" % state
-        if state == "active":
+        if state == "active" and (instance.url or instance.port):
             seen = host.answers(instance, max(0.1, min(PROBE_SECONDS, deadline - host.clock()))) or ""
             if not seen:
                 return None
+        elif state == "active":
+            # Nothing to ask: active at two looks in a row, not restarted between them (a crash-looping server
+            # is active for a moment after each restart).
+            if active_before:
+                return None
+            seen = "unit active, looked at once"
+        active_before = state == "active"
         if host.clock() >= deadline:
             return "not ready after %.0f s (%s)" % (ready_seconds, seen)
         host.sleep(min(POLL_SECONDS, max(0.0, deadline - host.clock())))
