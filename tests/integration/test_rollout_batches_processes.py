@@ -48,7 +48,7 @@ def stub_site(tmp_path):
     return path
 
 
-def run(tmp_path, fail=None, hostvars=None, extra=()):
+def run(tmp_path, fail=None, hostvars=None, extra=(), env=None):
     """ansible-playbook on the stub site over three local hosts; (exit code, output, {play number: hosts marked})."""
     marks = tmp_path / "marks"
     marks.mkdir(exist_ok=True)
@@ -60,11 +60,11 @@ def run(tmp_path, fail=None, hostvars=None, extra=()):
         "ansible_connection": "local", "ansible_python_interpreter": os.sys.executable}}}))
     variables = tmp_path / "vars.yml"
     variables.write_text(yaml.safe_dump({"stub_marks": str(marks), "stub_fail": fail or {}}))
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_RETRY_FILES_ENABLED="0")
+    env = env or dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+    env = dict(env, ANSIBLE_NOCOLOR="1", ANSIBLE_RETRY_FILES_ENABLED="0")
     done = subprocess.run([ansible_command("ansible-playbook"), "-i", str(inventory), str(stub_site(tmp_path)),
                            "-e", "@%s" % variables] + list(extra),
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False)
+                          cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=300, check=False)
     reached = {}
     for mark in marks.iterdir():
         number, host = mark.name.split(".", 1)
@@ -156,6 +156,22 @@ def test_a_failure_of_a_whole_batch_stops_even_at_max_fail_percentage_100(tmp_pa
     assert code != 0
     assert untouched_lines(output) == [
         "inferops.numa: stopped after llm-01 failed (whole batch lost): left untouched: llm-02, llm-03"], output
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_outside_the_checkout_the_callback_says_it_once_enabled(tmp_path, enabled):
+    """As an installed collection runs it: no checkout ansible.cfg, the collection on the collections path, the
+    callback enabled by the environment (or not, and then nothing says it)."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("ANSIBLE_")}
+    (tmp_path / "empty.cfg").write_text("[defaults]\n")
+    env.update(ANSIBLE_COLLECTIONS_PATH=os.path.join(REPO, "build"), ANSIBLE_CONFIG=str(tmp_path / "empty.cfg"))
+    if enabled:
+        env["ANSIBLE_CALLBACKS_ENABLED"] = "inferops.numa.untouched_hosts"
+    code, output, _reached = run(tmp_path, fail={1: ["llm-01"]}, env=env)
+    assert code != 0
+    expected = ["inferops.numa: stopped after llm-01 failed (max_fail_percentage 0): left untouched: llm-02, llm-03"]
+    assert untouched_lines(output) == (expected if enabled else []), output
+    assert "PLAY RECAP" in output, output
 
 
 @pytest.mark.parametrize("tags, wanted", [
