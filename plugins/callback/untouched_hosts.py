@@ -18,11 +18,12 @@ short_description: Say which hosts a stopped run left untouched, and why
 version_added: "0.4.0"
 description:
   - >-
-    When a run stops before a rollout play reached all of its hosts, prints one line after the play recap, such as
-    C(inferops.numa: stopped after llm-01 failed (max_fail_percentage 0): left untouched: llm-02, llm-03): the hosts
-    of the play's later batches that never ran a task of it, the hosts that failed or were unreachable in the batch
-    where the run stopped, and the rule that stopped it (C(any_errors_fatal), C(max_fail_percentage N), or
+    When a run stops before a rollout play reached all of its hosts, prints one line after the play recap: the
+    hosts of the play's later batches that never ran a task of it, the hosts that failed or were unreachable in the
+    batch where the run stopped, and the rule that stopped it (C(any_errors_fatal), C(max_fail_percentage N), or
     C(whole batch lost) when no host of that batch was left, as when the only canary host is unreachable).
+  - "For example, after a failed canary: inferops.numa: stopped after llm-01 failed (max_fail_percentage 0): left
+    untouched: llm-02, llm-03"
   - >-
     A rollout play is one whose play variable C(inferops_numa_rollout) is true: the play of C(inferops.numa.site)
     that runs the numa_host and inference_service roles batch by batch. A run stopped before that play started (by
