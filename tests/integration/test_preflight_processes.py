@@ -43,7 +43,7 @@ def test_site_stops_before_any_change_and_names_every_problem(tmp_path):
                  "preflight: box: service llama: page_cahce: no such key; did you mean page_cache?"):
         assert line in output, output
     # any_errors_fatal: the plays that change hosts never start, and the spec is not dumped after the lines.
-    assert "PLAY [Prepare NUMA hosts]" not in output and "argument_spec_data" not in output, output
+    assert "PLAY [Prepare each NUMA host" not in output and "argument_spec_data" not in output, output
 
 
 def test_site_stops_in_the_preflight_on_what_would_fail_after_the_change(tmp_path):

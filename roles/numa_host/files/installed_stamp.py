@@ -3,12 +3,15 @@
 Every service start runs numa-pin, often as root, so its code and launcher must be writable by root
 alone: a directory on their path that another user may write (owner, or group/other write bit)
 would let that user swap the code, or a stamp, that the role then trusts. Run as
-``python3 -I installed_stamp.py PACKAGE_DIR LAUNCHER``: prints the stamp, or nothing when none is
-installed yet; exits 1 with one line naming the path, its owner and the fix when a path is not
-root's alone. Standard library only: it runs on the host before the helper is installed, so it
-cannot import the package's safe_fs; it keeps that module's INSTALL_PATH rule itself (root alone
-owns, no group or other write bit, a sticky bit excuses none, every part from / down), and
-tests/unit/test_safe_fs.py holds ``distrust`` to the same verdicts as the rule there.
+``python3 -I installed_stamp.py PACKAGE_DIR LAUNCHER [VERSION_LAUNCHER]``: prints the stamp, or an empty
+line when none is installed yet; exits 1 with one line naming the path, its owner and the fix when a path is
+not root's alone. Each helper version has a directory of its own (PACKAGE_DIR is <version>/numa, its launcher
+VERSION_LAUNCHER is <version>/numa-pin) and LAUNCHER, the path users and timers run, is a symlink to the current
+version's launcher: given VERSION_LAUNCHER, it is checked too, and a second line says ``linked`` when LAUNCHER
+is a symlink to exactly it, else ``unlinked``. Standard library only: it runs on the host before the helper is
+installed, so it cannot import the package's safe_fs; it keeps that module's INSTALL_PATH rule itself (root
+alone owns, no group or other write bit, a sticky bit excuses none, every part from / down, both as written and
+as resolved), and tests/unit/test_safe_fs.py holds ``distrust`` to the same verdicts as the rule there.
 """
 import errno
 import os
@@ -87,8 +90,16 @@ def untrusted_subpackage(package):
     return None
 
 
-def main(package, launcher):
-    for path in (package, launcher):
+def linked(launcher, version_launcher):
+    """Whether ``launcher`` is a symlink whose target is exactly ``version_launcher``."""
+    try:
+        return os.readlink(launcher) == version_launcher
+    except OSError:  # not there, or not a symlink (a launcher of the layout before versions)
+        return False
+
+
+def main(package, launcher, version_launcher=None):
+    for path in (package, launcher) + ((version_launcher,) if version_launcher else ()):
         problem = untrusted(os.path.abspath(path)) or (path == package and untrusted_subpackage(path))
         if problem:
             print("numa-pin's install path is not root's alone: %s. Fix: make every directory of %s owned by root "
@@ -101,8 +112,10 @@ def main(package, launcher):
         print("cannot read numa-pin's install stamp in %s: %s. Fix: check that directory, or remove it to install "
               "afresh" % (package, exc.strerror))
         return 1
+    if version_launcher:
+        print("linked" if linked(launcher, version_launcher) else "unlinked")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
