@@ -101,7 +101,7 @@ class FilterModule:
             "numa_pin_flags": _Rule("act.unit_text", "request_flags"),
             "numa_plan_args": _Rule("inputs.request", "module_args"),
             "numa_plan_record": _Rule("act.unit_text", "plan_record"),
-            "numa_rollout_service": _Rule("act.unit_text", "rollout_service"),
+            "numa_rollout_service": _Rule("decide.rollout", "rollout_service"),
             "numa_service_requests": _Rule("inputs.service_entry", "service_requests"),
             "numa_service_entries": _filter(_service_entries),
             "numa_server_command": _filter(_server_command),

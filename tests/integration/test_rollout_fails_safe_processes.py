@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate, change_files, rollout, unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import Service
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PLACEMENT_DROP_IN, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import systemctl as systemctl_reader
 from tests.helpers import standin_engine
 from tests.helpers.fake_systemd import fake_systemd_fixture
@@ -46,7 +46,7 @@ class Host:
             self.port = probe.getsockname()[1]
         self.template = os.path.join(fake.unit_dir, "llm@.service")
         self.record = os.path.join(records, "llm@0.plan.json")
-        self.drop_in = os.path.join(fake.unit_dir, "llm@0.service.d", unit_text.PLACEMENT_DROP_IN)
+        self.drop_in = os.path.join(fake.unit_dir, "llm@0.service.d", PLACEMENT_DROP_IN)
 
     def unit(self, mode, rate=10.0):
         return ("[Unit]\nDescription=llm %%i\n\n[Service]\nType=exec\nExecStart=%s\nRestart=on-failure\n"

@@ -547,7 +547,7 @@ ENTRY = {"pin_mode": "wrapper", "engine": "llama.cpp", "health_url": None, "ab_g
 
 def test_a_role_entry_becomes_the_files_and_instances_of_one_change():
     from ansible.plugins.filter.core import to_nice_json
-    from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import rollout_service
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import rollout_service
 
     records = [{"policy": "bind", "mem_nodes": [0], "port": 8080}, {"policy": "bind", "mem_nodes": [1], "port": 8081}]
     service = rollout_service(ENTRY, "llama", "[Service]\n", records, [], "/etc/systemd/system", "/etc/inferops-numa")

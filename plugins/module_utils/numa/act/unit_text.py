@@ -23,7 +23,6 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError, shown
 from ..base.tokens import BASELINE_ENV, OWN_ENV_PREFIX
-from ..decide.rollout import AUDIT_RECORD
 from ..inputs.request import OPTIONS, Option, check_names
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
@@ -385,43 +384,3 @@ def numa_settings(plan: Mapping[str, Any], systemd_version: int) -> List[Tuple[s
     return [("CPUAffinity", cpulist),
             ("NUMAPolicy", SYSTEMD_POLICIES[policy]),
             ("NUMAMask", format_cpulist(mem_nodes))]
-
-
-# The drop-in of an instance's placement in pin_mode systemd (numa-placement.conf.j2).
-PLACEMENT_DROP_IN = "50-inferops-numa.conf"
-
-
-def record_text(value: Mapping[str, Any]) -> str:
-    """A record as the role has always written it (Ansible's to_nice_json and a newline), so an unchanged record
-    compares equal byte for byte."""
-    return json.dumps(value, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
-
-
-def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records: Sequence[Mapping[str, Any]],
-                    placements: Sequence[str], unit_dir: str, plan_dir: str) -> Dict[str, Any]:
-    """One service of numa_rollout's ``services``: every file the entry wants (its unit template, each instance's
-    plan record and systemd placement drop-in, or that drop-in's absence in pin_mode wrapper, its audit settings)
-    and each instance with the files it starts from, its readiness, audit and A/B gate.
-
-    ``records`` are the instances' plan records (numa_plan's ``record``), ``placements`` their rendered drop-ins
-    (pin_mode systemd; empty otherwise)."""
-    template = os.path.join(unit_dir, "%s@.service" % unit)
-    files = [{"path": template, "content": unit_text, "state": "present", "systemd": True}]
-    instances = []
-    for index, record in enumerate(records):
-        record_path = os.path.join(plan_dir, "%s@%d.plan.json" % (unit, index))
-        drop_in = os.path.join(unit_dir, "%s@%d.service.d" % (unit, index), PLACEMENT_DROP_IN)
-        files.append({"path": record_path, "content": record_text(record), "state": "present", "systemd": False})
-        files.append({"path": drop_in, "content": placements[index] if entry["pin_mode"] == "systemd" else "",
-                      "state": "present" if entry["pin_mode"] == "systemd" else "absent", "systemd": True})
-        instances.append({"unit": "%s@%d.service" % (unit, index), "record": record_path,
-                          "files": [template, record_path, drop_in], "engine": entry.get("engine") or "generic",
-                          "port": record.get("port"), "health_url": entry.get("health_url"),
-                          "ab_gate": entry.get("ab_gate"),
-                          "audit": {"min_local_percent": entry["min_local_percent"], "pages": entry["pages"]}
-                          if entry["audit"] else None})
-    files.append({"path": os.path.join(plan_dir, AUDIT_RECORD % unit), "state": "present", "systemd": False,
-                  "content": record_text({"audit": bool(entry["audit"]),
-                                          "min_local_percent": float(entry["min_local_percent"]),
-                                          "pages": entry["pages"], "on_drift": entry["on_drift"]})})
-    return {"name": unit, "files": files, "instances": instances}

@@ -12,11 +12,16 @@ change the gate rolled back wrote there (the rejected record, by digest): trying
 rolled back at every run. A change of which only a part was rejected is another change, and is measured. Without
 a gate a change is the operator's and is never held.
 
+``rollout_service`` turns one entry of the inference_service role into what it wants (the filter
+numa_rollout_service), numa_rollout's ``services[]``.
+
 Pure: the act layer (act/rollout.py) reads the files, writes them and restarts the instances.
 """
 
 import hashlib
-from typing import Dict, FrozenSet, Mapping, NamedTuple, Optional, Tuple
+import json
+import os
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # The records a deployment keeps in the plan directory besides the plans (``<unit>@<index>.plan.json``): how each
 # service is judged (numa-pin metrics read it), the record of a change not judged yet (act/change_files), the
@@ -26,6 +31,8 @@ AUDIT_RECORD = "%s.audit.json"
 PENDING = "rollout.pending.json"
 REJECTED = "%s.rejected.json"
 AB_GATES = "ab-gates.json"
+# The drop-in of an instance's placement in pin_mode systemd (the role's numa-placement.conf.j2).
+PLACEMENT_DROP_IN = "50-inferops-numa.conf"
 
 
 class Found(NamedTuple):
@@ -90,3 +97,42 @@ def rejected_record(change: Change) -> Dict[str, Optional[str]]:
 def previous_texts(changes: Tuple[Change, ...], found: Mapping[str, Found]) -> Dict[str, Optional[str]]:
     """What a rollback writes back: each written path's text before the change (None: no file was there)."""
     return {path: found.get(path, NOTHING).text for change in changes for path in change.writes}
+
+
+# --- what a role entry wants -------------------------------------------------------------------------------
+
+
+def record_text(value: Mapping[str, Any]) -> str:
+    """A record as the role has always written it (Ansible's to_nice_json and a newline), so an unchanged record
+    compares equal byte for byte."""
+    return json.dumps(value, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
+
+
+def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records: Sequence[Mapping[str, Any]],
+                    placements: Sequence[str], unit_dir: str, plan_dir: str) -> Dict[str, Any]:
+    """One service of numa_rollout's ``services``: every file the entry wants (its unit template, each instance's
+    plan record and systemd placement drop-in, or that drop-in's absence in pin_mode wrapper, its audit settings)
+    and each instance with the files it starts from, its readiness, audit and A/B gate.
+
+    ``records`` are the instances' plan records (numa_plan's ``record``), ``placements`` their rendered drop-ins
+    (pin_mode systemd; empty otherwise)."""
+    template = os.path.join(unit_dir, "%s@.service" % unit)
+    files = [{"path": template, "content": unit_text, "state": "present", "systemd": True}]
+    instances = []
+    for index, record in enumerate(records):
+        record_path = os.path.join(plan_dir, "%s@%d.plan.json" % (unit, index))
+        drop_in = os.path.join(unit_dir, "%s@%d.service.d" % (unit, index), PLACEMENT_DROP_IN)
+        files.append({"path": record_path, "content": record_text(record), "state": "present", "systemd": False})
+        files.append({"path": drop_in, "content": placements[index] if entry["pin_mode"] == "systemd" else "",
+                      "state": "present" if entry["pin_mode"] == "systemd" else "absent", "systemd": True})
+        instances.append({"unit": "%s@%d.service" % (unit, index), "record": record_path,
+                          "files": [template, record_path, drop_in], "engine": entry.get("engine") or "generic",
+                          "port": record.get("port"), "health_url": entry.get("health_url"),
+                          "ab_gate": entry.get("ab_gate"),
+                          "audit": {"min_local_percent": entry["min_local_percent"], "pages": entry["pages"]}
+                          if entry["audit"] else None})
+    files.append({"path": os.path.join(plan_dir, AUDIT_RECORD % unit), "state": "present", "systemd": False,
+                  "content": record_text({"audit": bool(entry["audit"]),
+                                          "min_local_percent": float(entry["min_local_percent"]),
+                                          "pages": entry["pages"], "on_drift": entry["on_drift"]})})
+    return {"name": unit, "files": files, "instances": instances}
