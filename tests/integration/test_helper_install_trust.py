@@ -14,7 +14,6 @@ import tempfile
 import pytest
 
 from tests.tools import ansible_command
-from tests.unit.conftest import trusted_dir  # noqa: F401 (a fixture)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "roles", "numa_host", "files", "installed_stamp.py")

@@ -13,7 +13,6 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import ex
 from tests.fixtures import sysfs
 from tests.tools import missing
 from tests.unit.test_audit import PAGE
-from tests.unit.conftest import trusted_dir  # noqa: F401 (a fixture)
 from tests.unit.test_metrics import (NAMES, PACKAGE_PARENT, Systemd, host, machine_root,  # noqa: F401 (fixtures)
                                      samples, snapshot_of, value)
 
