@@ -245,6 +245,7 @@ ansible_facts:
 """
 
 import json
+import os
 from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
@@ -254,7 +255,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout imp
                                                                                       Options, deploy)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import Service
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PENDING, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit
 
@@ -347,9 +348,10 @@ def main() -> None:
         module.fail_json(msg=str(exc), instances=[])
     except Exception as exc:  # pylint: disable=broad-except  # whatever it was, the host is not left unsaid
         module.fail_json(msg="numa_rollout stopped on an unexpected error (%s: %s); if it had begun to change the "
-                             "host, the host is marked for retry (%s/rollout.pending.json) and the next run takes "
-                             "the change back before it deploys; please report this error"
-                             % (type(exc).__name__, shown(str(exc)), options.record_dir), instances=[])
+                             "host, the host is marked for retry (%s) and the next run takes the change back before "
+                             "it deploys; please report this error"
+                             % (type(exc).__name__, shown(str(exc)), os.path.join(options.record_dir, PENDING)),
+                         instances=[])
     for warning in result.pop("warnings"):
         module.warn(warning)
     result["ansible_facts"] = {"numa_ab_gates": {entry["unit"]: entry["ab_gate"] for entry in result["instances"]

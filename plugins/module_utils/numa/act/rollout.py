@@ -45,7 +45,7 @@ from .change_files import (Pending, merge_verdicts, read_found, read_pending, re
                            write_files, write_pending, write_rejected)
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
-from ..decide.rollout import Change, Found, Service, decide, previous_texts, rejected_record
+from ..decide.rollout import PENDING, Change, Found, Service, decide, previous_texts, rejected_record
 from ..read.audit import UnitAudit, audit_units
 from ..read.kernel_files import printable
 from ..read.systemctl import CommandRunner, show_units
@@ -159,18 +159,18 @@ def deploy(deployments: Sequence[Deployment], options: Options, host: Host, chec
     if options.batch < 1:
         raise NumaError("restart batch %r: give 1 or more instances at a time" % options.batch)
     warnings = []  # type: List[str]
+    instances = [instance for deployment in deployments for instance in deployment.instances]
+    by_unit = {instance.unit: instance for instance in instances}
     earlier = read_pending(options.record_dir)
     taken_back = {}  # type: Dict[str, str]
     if earlier is not None and not check:
-        taken_back, problems = take_back(earlier, options, host, {instance.unit: instance for deployment in
-                                                                  deployments for instance in deployment.instances})
+        taken_back, problems = take_back(earlier, options, host, by_unit)
         if problems:
             return _unfinished(problems, options, "an earlier change nobody judged could not be taken back")
         remove_pending(options.record_dir)
     found = read_found({path for deployment in deployments for path in deployment.wanted.files})
     changes = [decide(deployment.wanted, found, read_rejected(options.record_dir, deployment.wanted.name, warnings)
                       if deployment.wanted.gated else {}) for deployment in deployments]
-    instances = [instance for deployment in deployments for instance in deployment.instances]
     states = host.states([instance.unit for instance in instances])
     running = {unit for unit, props in states.items() if props.get("ActiveState") == "active"}
     restart = {unit for change in changes for unit in change.restart}
@@ -183,7 +183,7 @@ def deploy(deployments: Sequence[Deployment], options: Options, host: Host, chec
         return report.summary([_result(instance, action, True, "would %s %s" % (action, instance.unit))
                                for instance, action in due], bool(due or writes or earlier))
     if not due and not writes:
-        return report.summary([], bool(taken_back))
+        return report.summary([], earlier is not None)
     pending = Pending(previous_texts(tuple(changes), found), {instance.unit: instance.unit in running
                                                               for instance, _action in due},
                       first=[instance.unit for instance, _action in due if instance.unit in first])
@@ -191,7 +191,6 @@ def deploy(deployments: Sequence[Deployment], options: Options, host: Host, chec
     problems = write_files(writes)
     if not problems and any(change.reload for change in changes):
         problems = [problem for problem in [host.systemctl("daemon-reload")] if problem]
-    by_unit = {instance.unit: instance for instance in instances}
     if problems:
         _said, undo_problems = take_back(pending, options, host, by_unit)
         if not undo_problems:
@@ -231,7 +230,7 @@ def _unfinished(problems: Sequence[str], options: Options, what: str) -> Dict[st
 
 def _marked(options: Options) -> str:
     return ("the host stays marked for retry (%s): the next run takes this change back before it deploys, or fix "
-            "what is named and run again" % os.path.join(options.record_dir, "rollout.pending.json"))
+            "what is named and run again" % os.path.join(options.record_dir, PENDING))
 
 
 # --- batches and gates -------------------------------------------------------------------------------
