@@ -93,12 +93,8 @@ class Host:
 
     def serving(self):
         """The mode and CPUs of the engine that runs now."""
-        pid = self.fake.show("llm@0.service", "MainPID")["MainPID"]
-        with open("/proc/%s/cmdline" % pid, "rb") as handle:
-            argv = handle.read().split(b"\0")
-        with open("/proc/%s/status" % pid) as handle:
-            cpus = [line.split(":", 1)[1].strip() for line in handle if line.startswith("Cpus_allowed_list:")][0]
-        return argv[argv.index(b"--mode") + 1].decode(), cpus
+        argv, cpus = self.fake.main_process("llm@0.service")
+        return argv[argv.index("--mode") + 1], cpus
 
     def judged(self):
         """The host is on a judged placement: nothing recorded as pending, the engine in mode ok on CPUs 0-1."""

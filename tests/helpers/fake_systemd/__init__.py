@@ -110,6 +110,15 @@ class FakeSystemd:
         out = self.systemctl(*args, check=True).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
+    def main_process(self, unit):
+        """(argv, Cpus_allowed_list) of the unit's main process, read from /proc."""
+        pid = self.show(unit, "MainPID")["MainPID"]
+        with open("/proc/%s/cmdline" % pid, "rb") as handle:
+            argv = [arg.decode() for arg in handle.read().split(b"\0")[:-1]]
+        with open("/proc/%s/status" % pid) as handle:
+            cpus = [line.split(":", 1)[1].strip() for line in handle if line.startswith("Cpus_allowed_list:")]
+        return argv, cpus[0]
+
     def wait(self, unit, predicate, timeout=10.0, interval=0.05):
         """Poll ``show`` until ``predicate(props)`` holds; the props then (AssertionError with the last ones and
         the journal when time runs out)."""

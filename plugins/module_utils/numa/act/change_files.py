@@ -158,18 +158,8 @@ class Pending:
 
 def read_pending(record_dir: str) -> Optional[Pending]:
     """The record of an earlier change nobody judged, or None. NumaError for one root cannot trust."""
-    try:
-        fd = trusted_files.open_checked_directory(record_dir, "plan directory", safe_fs.DEPLOYED)
-    except FileNotFoundError:
-        return None
-    path = os.path.join(record_dir, PENDING)
-    try:
-        value, _mtime = trusted_files.read_trusted_json(fd, PENDING, path, FIX_PENDING)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(fd)
-    return Pending.from_json(value, path)
+    value = _read_record(record_dir, PENDING, FIX_PENDING)
+    return None if value is None else Pending.from_json(value, os.path.join(record_dir, PENDING))
 
 
 def write_pending(record_dir: str, pending: Pending) -> None:
@@ -183,7 +173,7 @@ def remove_pending(record_dir: str) -> None:
 def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[str, Optional[str]]:
     """path -> digest of the change ``service``'s A/B gate rolled back last; empty when none (or one that cannot
     be trusted, said in ``warnings``: the change is then measured again rather than held)."""
-    value = _read_record(record_dir, REJECTED % service, warnings)
+    value = _read_record(record_dir, REJECTED % service, "the change is measured again", warnings)
     files = value.get("files") if value else None
     if value and not (isinstance(files, dict) and all(isinstance(key, str) and (digest is None or isinstance(
             digest, str)) for key, digest in files.items())):
@@ -203,23 +193,27 @@ def merge_verdicts(record_dir: str, verdicts: Mapping[str, Any], warnings: List[
     """ab-gates.json with this run's verdicts over the earlier ones (other services' verdicts are kept)."""
     if not verdicts:
         return
-    earlier = _read_record(record_dir, AB_GATES, warnings) or {}
+    earlier = _read_record(record_dir, AB_GATES, "it is written anew", warnings) or {}
     merged = dict(earlier, **verdicts)
     _write_record(record_dir, AB_GATES, json.dumps(merged, indent=4, sort_keys=True) + "\n")
 
 
-def _read_record(record_dir: str, name: str, warnings: List[str]) -> Optional[Dict[str, Any]]:
+def _read_record(record_dir: str, name: str, fix: str,
+                 warnings: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+    """The JSON object of record ``name`` in the plan directory, or None when there is none. One root cannot
+    trust is a NumaError ending with ``fix``; with ``warnings``, it is said there instead and taken as none."""
     try:
         fd = trusted_files.open_checked_directory(record_dir, "plan directory", safe_fs.DEPLOYED)
     except FileNotFoundError:
         return None
-    path = os.path.join(record_dir, name)
     try:
-        value, _mtime = trusted_files.read_trusted_json(fd, name, path, "it is written again")
+        value, _mtime = trusted_files.read_trusted_json(fd, name, os.path.join(record_dir, name), fix)
         return value
     except FileNotFoundError:
         return None
     except NumaError as exc:
+        if warnings is None:
+            raise
         warnings.append(str(exc))
         return None
     finally:
