@@ -231,5 +231,5 @@ def _write_record(record_dir: str, name: str, text: Optional[str], mode: int = F
     finally:
         os.close(fd)
     if problem:
-        raise NumaError("%s: %s; check the disk and that root may write there" % (os.path.join(record_dir, name),
-                                                                                 problem))
+        raise NumaError("%s: %s; check the disk and that root may write there"
+                        % (os.path.join(record_dir, name), problem))

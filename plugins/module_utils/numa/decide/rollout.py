@@ -21,7 +21,7 @@ Pure: the act layer (act/rollout.py) reads the files, writes them and restarts t
 import hashlib
 import json
 import os
-from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # The records a deployment keeps in the plan directory besides the plans (``<unit>@<index>.plan.json``): how each
 # service is judged (numa-pin metrics read it), the record of a change not judged yet (act/change_files), the
