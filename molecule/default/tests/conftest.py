@@ -172,8 +172,12 @@ def converge_failing(*extra: str) -> str:
 
 
 def failed_task_result(output: str, task: str) -> dict:
-    """The JSON result ansible-playbook printed for ``task``'s failure ("fatal: [host]: FAILED! => {...}")."""
-    section = output[output.index("TASK [%s" % task):]
+    """The JSON result ansible-playbook printed for the failure of the task named ``task`` (its header names the
+    role first: "TASK [role : task]", then "fatal: [host]: FAILED! => {...}")."""
+    header = output.find(" : %s]" % task)
+    assert header >= 0, "no task %r in the output:\n%s" % (task, output[-3000:])
+    section = output[header:]
+    assert "FAILED! => " in section, "task %r did not fail:\n%s" % (task, section[-3000:])
     start = section.index("FAILED! => ") + len("FAILED! => ")
     return json.JSONDecoder().raw_decode(section[start:])[0]
 
