@@ -584,3 +584,12 @@ def test_an_instance_with_nothing_to_ask_is_ready_when_active_at_two_looks_witho
     looks = iter([0, 1])  # restarted by systemd between the two looks: active at each, but crash-looping
     systemd.restarts = type("Restarts", (), {"get": lambda self, unit, default: next(looks)})()
     assert "crash-looping" in rollout.wait_ready(plain, 60, systemd.host())
+
+
+def test_the_instances_no_longer_wanted_are_those_with_a_record_past_the_count():
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import stale_instances
+
+    paths = ["/p/llama@0.plan.json", "/p/llama@1.plan.json", "/p/llama@12.plan.json", "/p/llama@1x.plan.json",
+             "/p/llama-big@3.plan.json", "/p/llama.audit.json", "/p/llama@\u0663.plan.json"]
+    assert stale_instances(paths, "llama", 1) == [1, 12]
+    assert stale_instances(paths, "llama", 2) == [12] and stale_instances(paths, "llama-big", 1) == [3]

@@ -21,7 +21,7 @@ Pure: the act layer (act/rollout.py) reads the files, writes them and restarts t
 import hashlib
 import json
 import os
-from typing import Any, Dict, FrozenSet, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 # The records a deployment keeps in the plan directory besides the plans (``<unit>@<index>.plan.json``): how each
 # service is judged (numa-pin metrics read it), the record of a change not judged yet (act/change_files), the
@@ -136,3 +136,16 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
                                           "min_local_percent": float(entry["min_local_percent"]),
                                           "pages": entry["pages"], "on_drift": entry["on_drift"]})})
     return {"name": unit, "files": files, "instances": instances}
+
+
+def stale_instances(paths: Sequence[str], unit: str, count: int) -> List[int]:
+    """The indices of ``unit``'s instances an earlier deployment left (a plan record ``<unit>@<index>.plan.json``
+    among ``paths``) that a deployment of ``count`` instances no longer wants, in order."""
+    indices = set()
+    for path in paths:
+        name = os.path.basename(path)
+        prefix, suffix = unit + "@", ".plan.json"
+        index = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
+        if index.isdigit() and index.isascii() and int(index) >= count:
+            indices.add(int(index))
+    return sorted(indices)
