@@ -203,21 +203,12 @@ def _read_record(record_dir: str, name: str, fix: str,
     """The JSON object of record ``name`` in the plan directory, or None when there is none. One root cannot
     trust is a NumaError ending with ``fix``; with ``warnings``, it is said there instead and taken as none."""
     try:
-        fd = trusted_files.open_checked_directory(record_dir, "plan directory", safe_fs.DEPLOYED)
-    except FileNotFoundError:
-        return None
-    try:
-        value, _mtime = trusted_files.read_trusted_json(fd, name, os.path.join(record_dir, name), fix)
-        return value
-    except FileNotFoundError:
-        return None
+        return trusted_files.read_record(record_dir, name, "plan directory", safe_fs.DEPLOYED, fix)
     except NumaError as exc:
         if warnings is None:
             raise
         warnings.append(str(exc))
         return None
-    finally:
-        os.close(fd)
 
 
 def _write_record(record_dir: str, name: str, text: Optional[str], mode: int = FILE_MODE) -> None:

@@ -718,15 +718,5 @@ def record(result: Dict[str, Any], state_dir: str = RECORD_DIR) -> str:
 
 def read_record(state_dir: str = RECORD_DIR) -> Optional[Dict[str, Any]]:
     """The recorded measurement, None when there is none; NumaError when it cannot be trusted."""
-    fix = "remove it, or run numa_cost with record: true again"
-    try:
-        directory = trusted_files.open_checked_directory(state_dir, "state directory", safe_fs.PRIVATE_DIR)
-    except FileNotFoundError:
-        return None
-    try:
-        value, _mtime = trusted_files.read_trusted_json(directory, RECORD_NAME, os.path.join(state_dir, RECORD_NAME), fix)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(directory)
-    return value
+    return trusted_files.read_record(state_dir, RECORD_NAME, "state directory", safe_fs.PRIVATE_DIR,
+                                     "remove it, or run numa_cost with record: true again")

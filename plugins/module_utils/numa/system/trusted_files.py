@@ -15,7 +15,7 @@ from ..base.errors import NumaError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Tuple
+    from typing import Any, Dict, Optional, Tuple
 
 # Far above any record the collection writes; a larger file is not one of them and is not parsed.
 MAX_JSON_BYTES = 1 << 20
@@ -88,6 +88,21 @@ def read_trusted_json(dir_fd: int, name: str, path: str, fix: str) -> Tuple[Dict
     if not isinstance(value, dict):
         raise NumaError("ignoring %s: not a JSON object of at most %d bytes in UTF-8; %s" % (path, MAX_JSON_BYTES, fix))
     return value, info.st_mtime
+
+
+def read_record(directory: str, name: str, what: str, rule: safe_fs.TrustRule, fix: str) -> Optional[Dict[str, Any]]:
+    """The JSON object of the record ``name`` in the ``what`` ``directory`` (opened under ``rule``), or None when
+    either is missing; NumaError, ending with ``fix``, for one root cannot trust."""
+    try:
+        fd = open_checked_directory(directory, what, rule)
+    except FileNotFoundError:
+        return None
+    try:
+        return read_trusted_json(fd, name, os.path.join(directory, name), fix)[0]
+    except FileNotFoundError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def open_private_directory(path: str, what: str) -> int:
