@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import Any, Dict, FrozenSet, List, Optional
+from typing import Any, Dict, List, Optional
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -20,8 +20,6 @@ display = Display()
 # The names the site playbook and the roles register the result under: a later preflight of the same run with
 # the same inputs finds one and skips the host's checks.
 REGISTERED = ("numa_preflight", "_numa_host_preflight", "_inference_service_preflight")
-# Facts the roles' tasks set under their prefix (inference_service/tasks/main.yml).
-ROLE_FACTS = ("inference_service_entries",)
 
 
 class ActionModule(ActionBase):
@@ -32,8 +30,8 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         task_vars = task_vars or {}
         host = str(task_vars.get("inventory_hostname", "?"))
-        values = {name: self._templar.template(task_vars[name]) for name in _option_names() if name in task_vars}
-        own = _role_own_vars()
+        values = {name: self._templar.template(task_vars[name]) for name in preflight.option_names() if name in task_vars}
+        own = preflight.role_own_vars()
         unknown = sorted(name for name in task_vars if name.startswith(preflight.PREFIXES) and name not in own)
         settings, problems = preflight.check_settings(values, unknown)
         # Every variable the play gives the host (inventory, group_vars, extra and play vars alike): one typo'd
@@ -95,19 +93,3 @@ def _last_line(answer: Dict[str, Any]) -> str:
 def _version(text: str) -> tuple:
     parts = text.split(".")
     return tuple(int(part) for part in parts if part.isdigit()) if all(p.isdigit() for p in parts) else (0,)
-
-
-def _option_names() -> List[str]:
-    names = []  # type: List[str]
-    for role in preflight.ROLES:
-        names += list(preflight.role_options(role))
-    return names
-
-
-def _role_own_vars() -> FrozenSet[str]:
-    """Every variable the roles define themselves (defaults, vars): only a name outside these is a typo."""
-    names = list(_option_names()) + list(ROLE_FACTS)
-    for role in preflight.ROLES:
-        for kind in ("defaults", "vars"):
-            names += list(preflight.role_file(role, kind, "main.yml") or {})
-    return frozenset(names)

@@ -21,7 +21,7 @@ import difflib
 import functools
 import os
 import re
-from typing import Any, Callable, Collection, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Collection, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 import yaml
@@ -363,3 +363,24 @@ def port_problems(words: Any) -> List[str]:
     except NumaError as exc:
         return [printable(str(exc))]
     return []
+
+
+# Facts the roles' tasks set under their prefix (inference_service/tasks/main.yml).
+ROLE_FACTS = ("inference_service_entries",)
+
+
+def option_names() -> List[str]:
+    """The options of both roles' main entry points (their argument specs)."""
+    names = []  # type: List[str]
+    for role in ROLES:
+        names += list(role_options(role))
+    return names
+
+
+def role_own_vars() -> FrozenSet[str]:
+    """Every variable the roles define themselves (defaults, vars): only a name outside these is a typo."""
+    names = list(option_names()) + list(ROLE_FACTS)
+    for role in ROLES:
+        for kind in ("defaults", "vars"):
+            names += list(role_file(role, kind, "main.yml") or {})
+    return frozenset(names)

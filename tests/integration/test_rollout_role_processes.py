@@ -146,3 +146,29 @@ def test_a_pin_mode_systemd_change_rolled_back_restores_the_previous_affinity(bo
     with open(drop_in) as handle:
         assert handle.read() == kept
     assert box.serving() == ("ok", "0-1")
+
+
+RECORDS_PLAY = """\
+- name: A plan record as the role wrote it and as numa_rollout_service writes it
+  hosts: localhost
+  gather_facts: false
+  vars:
+    record: {policy: bind, mem_nodes: [1], cpulist: "2-3", threads: 2, port: 8081, env: {OMP_NUM_THREADS: "2"}}
+    entry: {pin_mode: wrapper, engine: null, health_url: null, ab_gate: null, audit: true, min_local_percent: 99,
+            pages: all, on_drift: none}
+    service: "{{ entry | inferops.numa.numa_rollout_service('llama', '', [record], [], '/u', '/p') }}"
+  tasks:
+    - name: Compare them byte for byte
+      ansible.builtin.assert:
+        that: (service.files | selectattr('path', 'equalto', '/p/llama@0.plan.json') | first).content
+              == (record | to_nice_json) ~ '\\n'
+"""
+
+
+def test_a_plan_record_is_written_byte_for_byte_as_the_role_wrote_it_so_an_upgrade_restarts_nothing(tmp_path):
+    play = tmp_path / "records.yml"
+    play.write_text(RECORDS_PLAY)
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    done = subprocess.run([ansible_command("ansible-playbook"), "-i", "localhost,", str(play)], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, universal_newlines=True, check=False)
+    assert done.returncode == 0, done.stdout

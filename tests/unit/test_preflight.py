@@ -4,7 +4,9 @@ import os
 
 import pytest
 import yaml
+from ansible.errors import AnsibleFilterError
 
+from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import audit
@@ -80,8 +82,6 @@ def test_entries_given_as_lazy_containers_are_checked_as_plain_data():
 
 def test_the_role_and_the_fleet_report_merge_with_the_preflights_own_check():
     """Their filter, numa_service_entries: the preflight's merge, and one error naming every problem."""
-    from ansible.errors import AnsibleFilterError
-    from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
 
     merge = FilterModule().filters()["numa_service_entries"]
     assert merge([dict(SERVICE, port_base="8080")], {"smt": "false"}) == preflight.check_entries(
@@ -147,8 +147,6 @@ def _one_line(problem):
 @pytest.mark.parametrize("name", ["a\nb", "x{{ y }}", "{{ name }}", "../etc", "..", "a/b", "llama@1", "ll\u00e1ma", "",
                                   "x" * 300, "a b", "a:b"])
 def test_a_name_no_unit_can_carry_is_refused_as_the_unit_filter_refuses_it(name):
-    from ansible.errors import AnsibleFilterError
-    from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
 
     problems = _problems(name=name)
     assert len(problems) == 1 and problems[0].startswith(
@@ -159,7 +157,6 @@ def test_a_name_no_unit_can_carry_is_refused_as_the_unit_filter_refuses_it(name)
 
 
 def test_the_name_rule_is_the_unit_filters_own_function():
-    from ansible_collections.inferops.numa.plugins.filter.systemd_unit import FilterModule
 
     assert preflight.UNIT_CHECKS["name"] is FilterModule().filters()["systemd_unit_prefix"].__wrapped__
 
@@ -327,9 +324,7 @@ def test_a_play_variable_very_close_to_an_option_is_named_with_it():
 
 def test_a_close_variable_is_named_by_the_action_among_the_plays_variables():
     """The action reads only the names of task_vars: every variable of the play, the roles' own left out."""
-    from ansible_collections.inferops.numa.plugins.action import numa_preflight
-
-    own = numa_preflight._role_own_vars()
+    own = preflight.role_own_vars()
     assert {"inference_service_list", "inference_service_entries", "numa_host_helper_path"} <= own
     assert preflight.close_variables(list(own), own) == []
 

@@ -546,15 +546,16 @@ ENTRY = {"pin_mode": "wrapper", "engine": "llama.cpp", "health_url": None, "ab_g
 
 
 def test_a_role_entry_becomes_the_files_and_instances_of_one_change():
-    from ansible.plugins.filter.core import to_nice_json
     from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import rollout_service
 
     records = [{"policy": "bind", "mem_nodes": [0], "port": 8080}, {"policy": "bind", "mem_nodes": [1], "port": 8081}]
     service = rollout_service(ENTRY, "llama", "[Service]\n", records, [], "/etc/systemd/system", "/etc/inferops-numa")
     files = {item["path"]: item for item in service["files"]}
     assert files["/etc/systemd/system/llama@.service"]["systemd"] is True
-    # Byte for byte what the role wrote with to_nice_json: an upgrade restarts nothing.
-    assert files["/etc/inferops-numa/llama@1.plan.json"]["content"] == to_nice_json(records[1]) + "\n"
+    # Byte for byte what the role wrote with to_nice_json (tests/integration/test_rollout_role_processes.py asks
+    # Ansible's own filter): an upgrade restarts nothing.
+    assert files["/etc/inferops-numa/llama@1.plan.json"]["content"] == (
+        '{\n    "mem_nodes": [\n        1\n    ],\n    "policy": "bind",\n    "port": 8081\n}\n')
     assert files["/etc/systemd/system/llama@0.service.d/50-inferops-numa.conf"]["state"] == "absent"
     audit = json.loads(files["/etc/inferops-numa/llama.audit.json"]["content"])
     assert audit == {"audit": True, "min_local_percent": 99.0, "pages": "all", "on_drift": "none"}
