@@ -3,6 +3,7 @@ that ends applied and judged, taken back completely, or recorded for the next ru
 systemd whose steps fail on cue, and servers whose answers follow the files on disk."""
 import json
 import os
+import time
 
 import pytest
 
@@ -17,7 +18,7 @@ OLD, NEW, BROKEN = "old placement\n", "new placement\n", "broken placement\n"
 class FakeSystemd:
     """systemctl as a dict of unit states. A (re)started unit comes up as ``boots(unit)`` says (default: from the
     unit template on disk: "failed" when it holds BROKEN). ``fails``: (verb, unit or None) -> how many of the next
-    such calls fail. ``journal``: unit -> its lines."""
+    such calls fail. ``journal``: unit -> its lines, the server's own, or ("systemd", line) for systemd's."""
 
     def __init__(self, active=(), boots=None, fails=None, template=None):
         self.state = {unit: "active" for unit in active}
@@ -26,12 +27,17 @@ class FakeSystemd:
         self.boots = boots or (lambda unit: "failed" if template and _text(template) == BROKEN else "active")
         self.fails = dict(fails or {})
         self.journal = {}
+        self.journal_calls = []
         self.calls = []
         self.now = 0.0
 
     def run(self, argv):
         if argv[0] == "journalctl":
-            return 0, "".join(line + "\n" for line in self.journal.get(argv[-1], [])), ""
+            self.journal_calls.append(argv)
+            unit = argv[argv.index("-u") + 1]
+            return 0, "".join(json.dumps({"MESSAGE": line[1], "_SYSTEMD_UNIT": "init.scope", "UNIT": unit}
+                                         if isinstance(line, tuple) else {"MESSAGE": line, "_SYSTEMD_UNIT": unit})
+                              + "\n" for line in self.journal.get(unit, [])), ""
         verb, unit = argv[1], argv[-1] if "--" in argv else None
         if verb == "show":
             units = argv[argv.index("--") + 1:]
@@ -233,14 +239,16 @@ def test_a_crash_loop_fails_the_instance_at_the_first_look_with_its_journal(tree
     systemd.boots = lambda unit: "activating"
     systemd.sub["a@0.service"] = "auto-restart"
     systemd.journal["a@0.service"] = ["numa-pin: starting", "numa-pin: argument '{port}' uses {port} but the plan "
-                                      "has no port: set port_base\x1b[0m", "Main process exited, code=exited"]
+                                      "has no port: set port_base\x1b[0m", "bye",
+                                      ("systemd", "Main process exited, code=exited"),
+                                      ("systemd", "Scheduled restart job, restart counter is at 3")]
     tree.count = 1
     result = rollout.deploy([tree.deployment()], tree.options(ready_seconds=600), systemd.host())
     assert result["failed"] and systemd.now == 0
     message = result["instances"][0]["msg"]
     assert message.startswith("a@0.service: it is crash-looping: its server exited (status 0) and systemd restarts "
                               "it; its journal: numa-pin: starting | numa-pin: argument '{port}' uses {port} but "
-                              "the plan has no port: set port_base\\x1b[0m | Main process exited"), message
+                              "the plan has no port: set port_base\\x1b[0m | bye"), message
     assert "\n" not in result["msg"]
 
 
@@ -576,6 +584,41 @@ def test_a_unit_at_its_start_limit_is_reset_before_each_start():
     systemd = FakeSystemd()
     assert systemd.host().start("restart", "a@0.service") is None
     assert systemd.calls == [["reset-failed", "a@0.service"], ["restart", "a@0.service"]]
+
+
+def test_a_crash_loop_that_hit_the_start_limit_before_the_first_look_is_still_a_crash_loop():
+    """A server that dies at once can be restarted into systemd's start limit before the rollout looks: the unit
+    is "failed", and what it was is said, not only that it failed."""
+    systemd = FakeSystemd(active=["a@0.service"])
+    systemd.state["a@0.service"], systemd.restarts["a@0.service"] = "failed", 5
+    plain = rollout.Instance("a@0.service", None, None, None)
+    why = rollout.wait_ready(plain, 60, systemd.host())
+    assert why.startswith("it was crash-looping: its server exited (status 1) and systemd restarted it 5 times "
+                          "(exit-code)"), why
+    systemd.restarts["a@0.service"] = 0
+    assert rollout.wait_ready(plain, 60, systemd.host()).startswith("its unit failed (exit-code)")
+
+
+def test_the_journal_quoted_is_this_starts_and_the_servers_own_words_before_systemds():
+    systemd = FakeSystemd()
+    host = rollout.Host(systemd.run, wall=lambda: 1700000000.5)
+    systemd.journal["a@0.service"] = [("systemd", "Started a."), ("systemd", "Main process exited, status=1")]
+    assert host.journal("a@0.service") == "Started a. | Main process exited, status=1"
+    assert "--since" not in systemd.journal_calls[-1]  # never started by us: its last lines
+    host.start("start", "a@0.service")
+    systemd.journal["a@0.service"] += ["error: \u00e9t\u00e9 --bogus", ("systemd", "Scheduled restart job")]
+    assert host.journal("a@0.service") == "error: \\xe9t\\xe9 --bogus"  # printable, as every quoted line
+    since = systemd.journal_calls[-1][systemd.journal_calls[-1].index("--since") + 1]
+    assert since == time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(1699999999.5))
+
+
+def test_journal_entries_that_are_not_text_are_read_as_text_or_left_out():
+    assert rollout._journal_entry(json.dumps({"MESSAGE": list(b"bad \xff byte\x1b"), "_SYSTEMD_UNIT": "a"})) == (
+        "a", "bad \ufffd byte\x1b")
+    for line in ("not json", "[1]", json.dumps({"MESSAGE": [300]}), json.dumps({"MESSAGE": " "}),
+                 json.dumps({"MESSAGE": {"a": 1}})):
+        assert rollout._journal_entry(line) is None, line
+    assert rollout._journal_entry(json.dumps({"MESSAGE": "x", "_SYSTEMD_UNIT": 5})) == ("", "x")
 
 
 def test_an_instance_with_nothing_to_ask_is_ready_when_active_at_two_looks_without_a_restart():

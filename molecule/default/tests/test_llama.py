@@ -366,7 +366,8 @@ def test_a_crash_looping_server_fails_its_canary_in_seconds_with_its_journal_and
     first = result["instances"][0]
     report_line("crash loop: %s failed after %.1f s: %s" % (first["unit"], first["seconds"], first["msg"]))
     assert first["unit"] == "llama@0.service" and not first["ok"], result["instances"]
-    assert "it is crash-looping" in first["msg"] and "--bogus-flag" in first["msg"], first["msg"]
+    # At its restarts, or after them if systemd's start limit came first on a loaded guest.
+    assert "crash-looping" in first["msg"] and "--bogus-flag" in first["msg"], first["msg"]
     assert first["seconds"] < 60, first
     assert first["rolled_back"].startswith("back on its previous unit and plan, ready"), first
     assert result["instances"][1]["skipped"], result["instances"]

@@ -34,6 +34,7 @@ A failed gate fails the host; a change the A/B gate found slower, taken back com
 failure.
 """
 
+import json
 import os
 import socket
 import time
@@ -58,6 +59,7 @@ RUNTIME_UNIT_DIR = "run/systemd/system"
 # The journal lines a failed start quotes, and how much of each.
 JOURNAL_LINES = 3
 JOURNAL_LINE_CHARS = 240
+JOURNAL_SCAN = 50  # the unit's last entries looked through for those lines
 DONE = {"start": "started", "restart": "restarted"}
 
 
@@ -106,12 +108,15 @@ class Host:
     """systemd and the servers of the host, as a deployment talks to them; tests hand in fakes of each part."""
 
     def __init__(self, run: CommandRunner, answers: Probe = probe, rates: Measure = measure,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> None:
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 wall: Callable[[], float] = time.time) -> None:
         self.run = run
         self.answers = answers
         self.rates = rates
         self.clock = clock
         self.sleep = sleep
+        self.wall = wall
+        self.started = {}  # type: Dict[str, float]  # unit -> when we last started it (epoch): its journal since
 
     def systemctl(self, action: str, unit: Optional[str] = None) -> Optional[str]:
         """None when ``systemctl ACTION [UNIT]`` succeeded, else one line saying how it failed."""
@@ -127,6 +132,7 @@ class Host:
     def start(self, action: str, unit: str) -> Optional[str]:
         """``systemctl start|restart`` the unit, after ``reset-failed``: a unit that hit its start limit in a
         crash loop refuses every start until then ("start request repeated too quickly")."""
+        self.started[unit] = self.wall()
         self.systemctl("reset-failed", unit)  # its own failure (a unit not loaded yet) is the start's to say
         return self.systemctl(action, unit)
 
@@ -134,13 +140,36 @@ class Host:
         return show_units(list(units), self.run)
 
     def journal(self, unit: str) -> str:
-        """The last lines the unit logged, as one line of plain text; empty when there are none to read."""
+        """The last lines the unit logged since we started it, as one line of plain text; empty when there are
+        none to read. The server's own lines when it said anything: systemd's about it ("Main process exited",
+        "Scheduled restart job") fill the last lines of a crash loop and hide the cause."""
+        argv = ["journalctl", "--no-pager", "-q", "-o", "json", "-n", str(JOURNAL_SCAN), "-u", unit]
+        if unit in self.started:  # local time to the second: the form every journalctl reads
+            argv += ["--since", time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started[unit] - 1))]
         try:
-            rc, out, _err = self.run(["journalctl", "--no-pager", "-q", "-o", "cat", "-n", "20", "-u", unit])
+            rc, out, _err = self.run(argv)
         except (OSError, NumaError):
             return ""
-        lines = [line.strip() for line in (out if rc == 0 else "").splitlines() if line.strip()]
+        entries = [entry for entry in map(_journal_entry, (out if rc == 0 else "").splitlines()) if entry]
+        own = [message for origin, message in entries if origin == unit]
+        lines = own or [message for _origin, message in entries]
         return " | ".join(_one_line(line)[:JOURNAL_LINE_CHARS] for line in lines[-JOURNAL_LINES:])
+
+
+def _journal_entry(line: str) -> Optional[Tuple[str, str]]:
+    """(the unit whose process logged it, or "" for systemd's own lines; the message) of one ``-o json`` line,
+    None when it has no text. A message that is not UTF-8 comes as a list of bytes."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return None
+    message = entry.get("MESSAGE") if isinstance(entry, dict) else None
+    if isinstance(message, list) and all(isinstance(byte, int) and 0 <= byte < 256 for byte in message):
+        message = bytes(message).decode("utf-8", "replace")
+    if not isinstance(message, str) or not message.strip():
+        return None
+    origin = entry.get("_SYSTEMD_UNIT")
+    return (origin if isinstance(origin, str) else ""), message.strip()
 
 
 def _one_line(text: str) -> str:
@@ -322,8 +351,13 @@ def wait_ready(instance: Instance, ready_seconds: float, host: Host) -> Optional
         count = _count(props.get("NRestarts"))
         restarts = count if restarts is None else restarts
         why = None  # type: Optional[str]
-        if state == "failed":
-            why = "its unit failed (%s)" % (props.get("Result") or "failed")
+        result = props.get("Result") or "failed"
+        if state == "failed" and (count > 0 or result == "start-limit-hit"):
+            # Restarted until systemd's start limit gave up on it: a crash loop seen after its end.
+            why = "it was crash-looping: its server exited (status %s) and systemd restarted it %d times (%s)" % (
+                props.get("ExecMainStatus") or "?", count, result)
+        elif state == "failed":
+            why = "its unit failed (%s)" % result
         elif sub == "auto-restart" or count > restarts:
             why = "it is crash-looping: its server exited (status %s) and systemd restarts it" % (
                 props.get("ExecMainStatus") or "?")
