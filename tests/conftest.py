@@ -37,11 +37,14 @@ def pytest_addoption(parser):
 # --- scratch files in RAM ---------------------------------------------------------------------------------------
 
 RAM_TMPDIR = "/dev/shm"
+# What a run of every pytest phase at once writes there at most (the matrix's cores, integration's fixture
+# machines), with room to spare. pytest.ini keeps only failed tests' directories, and of the last run alone.
+RAM_MIN_FREE = 2 << 30
 
 
-def ram_tmpdir(mounts="/proc/mounts"):
+def ram_tmpdir(mounts="/proc/mounts", statvfs=os.statvfs):
     """/dev/shm when it is a tmpfs that runs programs and honours device nodes (tests write fake interpreters and
-    device nodes in their tmp_path), else None.
+    device nodes in their tmp_path) with RAM_MIN_FREE bytes free, else None (then the disk).
 
     A fixture machine is thousands of small files, written anew for each test that reads one: on this project's
     virtual disks that writing was most of the time of the unit tests, and in RAM it is a tenth of it. The tests
@@ -55,7 +58,15 @@ def ram_tmpdir(mounts="/proc/mounts"):
     found = [entry for entry in entries if len(entry) > 3 and entry[1] == RAM_TMPDIR]
     if not found or found[-1][2] != "tmpfs" or {"noexec", "nodev", "ro"} & set(found[-1][3].split(",")):
         return None
-    return RAM_TMPDIR if os.access(RAM_TMPDIR, os.W_OK | os.X_OK) else None
+    if not os.access(RAM_TMPDIR, os.W_OK | os.X_OK):
+        return None
+    try:
+        space = statvfs(RAM_TMPDIR)
+    except OSError:
+        return None
+    # A small /dev/shm (a container's 64 MiB), or one others filled, fails tests with ENOSPC: the disk is slower
+    # but does not run out half-way.
+    return RAM_TMPDIR if space.f_bavail * space.f_frsize >= RAM_MIN_FREE else None
 
 
 def pytest_configure(config):

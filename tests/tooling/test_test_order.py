@@ -99,5 +99,22 @@ def test_scratch_files_go_to_ram_only_where_the_tests_can_use_it(tmp_path, line,
     mounts = tmp_path / "mounts"
     mounts.write_text("/dev/vda / ext4 rw,relatime 0 0\n%s\n" % line)
     expected = conftest.RAM_TMPDIR if chosen and os.access(conftest.RAM_TMPDIR, os.W_OK | os.X_OK) else None
-    assert conftest.ram_tmpdir(str(mounts)) == expected
-    assert conftest.ram_tmpdir(str(tmp_path / "no-proc")) is None
+    plenty = lambda path: types.SimpleNamespace(f_bavail=conftest.RAM_MIN_FREE, f_frsize=1)  # noqa: E731
+    assert conftest.ram_tmpdir(str(mounts), plenty) == expected
+    assert conftest.ram_tmpdir(str(tmp_path / "no-proc"), plenty) is None
+
+
+def test_scratch_files_go_to_disk_when_ram_is_short(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("tmpfs /dev/shm tmpfs rw,nosuid,relatime 0 0\n")
+    if not os.access(conftest.RAM_TMPDIR, os.W_OK | os.X_OK):
+        pytest.skip("no writable /dev/shm here")
+
+    def free(blocks):
+        return lambda path: types.SimpleNamespace(f_bavail=blocks, f_frsize=4096)
+    assert conftest.ram_tmpdir(str(mounts), free(conftest.RAM_MIN_FREE // 4096)) == conftest.RAM_TMPDIR
+    assert conftest.ram_tmpdir(str(mounts), free(conftest.RAM_MIN_FREE // 4096 - 1)) is None
+
+    def gone(path):
+        raise FileNotFoundError(path)
+    assert conftest.ram_tmpdir(str(mounts), gone) is None
