@@ -45,6 +45,7 @@ from typing import Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parent.parent
 LOGS = REPO / "build" / "logs"
+LAB_CHECKS = REPO / "build" / "reports" / "lab-checks.txt"  # molecule/default/tests/conftest.py writes it
 VENV_BIN = REPO / ".venv" / "bin"
 # The Python checks yield the CPU to the builds and the lab's emulated guest, which set the pace.
 CHECKS_NICENESS = 10
@@ -356,6 +357,18 @@ def failing_checks(log_text: str, limit: int = 10) -> List[str]:
     return [tail[-1].strip()] if tail else ["(empty log)"]
 
 
+def lab_budgets(since: float, lines: int = 6) -> str:
+    """The head of this run's lab budget report (molecule/default/tests/conftest.py writes it): the total, and
+    the checks nearest their budgets; empty when the lab did not get that far in this run."""
+    try:
+        if LAB_CHECKS.stat().st_mtime < since:
+            return ""
+        head = LAB_CHECKS.read_text(errors="replace").splitlines()[:lines + 2]
+    except OSError:
+        return ""
+    return "\n".join(head + ["(all of them: %s)" % _rel(LAB_CHECKS)]) + "\n"
+
+
 def report(all_phases: List[Phase], origin: float, seed: Optional[int] = None) -> int:
     total = time.monotonic() - origin
     text = table(all_phases, origin)
@@ -364,9 +377,10 @@ def report(all_phases: List[Phase], origin: float, seed: Optional[int] = None) -
         clock(total), "every phase ok" if not failed else "%d phase(s) not ok" % len(failed))
     if seed is not None:
         summary += "; tests shuffled with seed %d (replay: %s=%d make test)" % (seed, SHUFFLE_ENV, seed)
+    budgets = lab_budgets(time.time() - total)
     LOGS.mkdir(parents=True, exist_ok=True)
-    (LOGS / "phases.txt").write_text(text + "\n" + summary + "\n")
-    print("\n" + text + "\n" + summary)
+    (LOGS / "phases.txt").write_text(text + "\n" + summary + "\n" + budgets)
+    print("\n" + text + "\n" + summary + ("\n" + budgets if budgets else ""))
     for phase in failed:
         if phase.status.startswith("FAILED"):
             checks = failing_checks(phase.log.read_text(errors="replace"))

@@ -216,3 +216,27 @@ def test_the_summary_gives_the_seed_to_replay_the_order(logs, capsys):
     done.started, done.ended, done.status = 0.0, 1.0, "ok"
     assert phases.report([done], origin=0.0, seed=777) == 0
     assert "tests shuffled with seed 777 (replay: INFEROPS_NUMA_SHUFFLE=777 make test)" in capsys.readouterr().out
+
+
+def test_the_lab_budget_report_is_quoted_only_when_this_run_wrote_it(tmp_path, monkeypatch):
+    report = tmp_path / "lab-checks.txt"
+    monkeypatch.setattr(phases, "LAB_CHECKS", report)
+    assert phases.lab_budgets(0) == ""  # no lab run
+    report.write_text("lab checks: 90 s of 100 s budgeted (0.90); 1 over budget\nratio ...\n"
+                      + "".join("%d.00 check_%d\n" % (9 - n, n) for n in range(9)))
+    quoted = phases.lab_budgets(report.stat().st_mtime - 1, lines=2).splitlines()
+    assert quoted[0].startswith("lab checks: 90 s") and quoted[2:4] == ["9.00 check_0", "8.00 check_1"]
+    assert len(quoted) == 5 and quoted[-1].startswith("(all of them: ")
+    assert phases.lab_budgets(report.stat().st_mtime + 1) == ""  # an earlier run's
+
+
+def test_each_lab_check_is_measured_against_its_own_budget():
+    path = Path(__file__).resolve().parents[2] / "molecule" / "default" / "tests" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("lab_conftest", path)
+    lab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lab)
+    slow = next(iter(lab.CHECK_BUDGETS))
+    assert lab.check_name("molecule/default/tests/test_x.py::%s[ansible://numa-lab]" % slow) == slow
+    rows = lab.budget_rows({slow: lab.CHECK_BUDGETS[slow] * 0.5, "test_quick": lab.CHECK_S * 1.5}, 2.0)
+    assert [(round(ratio, 2), name) for ratio, _took, _allowed, name in rows] == [(0.75, "test_quick"), (0.25, slow)]
+    assert rows[0][2] == lab.CHECK_S * 2.0

@@ -38,6 +38,64 @@ def budget(reference_seconds: float) -> float:
     return labvm.budget(VM_NAME, reference_seconds)
 
 
+# ------------------------------------------------------------------------- each check's budget ---
+#
+# What each check may take, setup, call and teardown together: seconds on the reference machine, scaled by the
+# guest's calibration like every wait (without the margin: this is what it should take, not when to give up).
+# A check not named here has CHECK_S. The lab's share of CI's cap is what these add up to; each run writes
+# build/reports/lab-checks.txt, the checks nearest their budget first, and `make test` quotes its top.
+CHECK_S = 30
+CHECK_BUDGETS = {
+    "test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_is_faster": 540,
+    "test_a_pin_mode_systemd_change_rolled_back_restores_the_previous_affinity": 300,
+    "test_a_bad_helper_is_stopped_at_the_canary_host": 300,
+    "test_a_first_deployment_measures_binding_against_the_unbound_default": 300,
+    "test_facts_say_one_node": 240,  # its setup boots the one-node layout and converges again
+    "test_facts_say_two_sockets_of_two_nodes_and_far_memory_beside_socket_0": 240,  # the same, sub-NUMA
+    "test_site_and_the_fleet_report_from_inside_the_ee_match_the_checkouts_run": 180,
+    "test_after_reboot_balancing_stays_off_and_services_return": 150,
+    "test_a_crash_looping_server_fails_its_canary_in_seconds_with_its_journal_and_goes_back": 120,
+}
+CHECKS_REPORT = os.path.join(PROJECT, "build", "reports", "lab-checks.txt")
+_TOOK = {}  # check -> seconds so far
+
+
+def check_name(nodeid: str) -> str:
+    """A check's function name: no module, no host parameter."""
+    return nodeid.split("::")[-1].split("[")[0]
+
+
+def pytest_runtest_logreport(report):
+    name = check_name(report.nodeid)
+    _TOOK[name] = _TOOK.get(name, 0.0) + report.duration
+
+
+def budget_rows(took: dict, factor: float) -> list:
+    """(took / budget, seconds, budget seconds, check), the nearest to its budget first."""
+    rows = [(seconds / (CHECK_BUDGETS.get(name, CHECK_S) * factor), seconds, CHECK_BUDGETS.get(name, CHECK_S) * factor,
+             name) for name, seconds in took.items()]
+    return sorted(rows, reverse=True)
+
+
+def pytest_sessionfinish(session):
+    if not _TOOK:
+        return
+    try:
+        factor = budget(1.0) / labvm.BUDGET_MARGIN
+    except labvm.LabError:  # the guest is gone (a failed boot): the reference machine's seconds
+        factor = 1.0
+    rows = budget_rows(_TOOK, factor)
+    lines = ["%5.2f  %7.1f s of %6.1f s  %s%s" % (ratio, took, allowed, name, "  OVER" if ratio > 1 else "")
+             for ratio, took, allowed, name in rows]
+    total = sum(row[1] for row in rows)
+    allowed = sum(row[2] for row in rows)
+    header = "lab checks: %.0f s of %.0f s budgeted (%.2f); %d over budget" % (
+        total, allowed, total / allowed, sum(1 for row in rows if row[0] > 1))
+    os.makedirs(os.path.dirname(CHECKS_REPORT), exist_ok=True)
+    with open(CHECKS_REPORT, "w") as handle:
+        handle.write("\n".join([header, "ratio     took     budget   check"] + lines) + "\n")
+
+
 def wait_until(check, reference_seconds: float, what: str, interval: float = 2.0):
     """Poll check() until it returns a true value, which is returned; fail naming `what`."""
     deadline = time.monotonic() + budget(reference_seconds)
