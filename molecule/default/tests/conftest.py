@@ -32,6 +32,7 @@ NUMA_PIN = "/usr/local/bin/numa-pin"
 CONVERGE_S = 300          # converge.yml after a topology change: every service re-planned
 UNIT_SETTLE_S = 30        # a unit reaching active (or failed) after a start or a boot
 COST_REPORT_S = 30        # playbooks/cost_report.yml against the guest
+JOURNAL_S = 5             # journald writing what a unit's process printed
 
 
 def budget(reference_seconds: float) -> float:
@@ -114,10 +115,17 @@ def unit_state(host, unit: str) -> str:
 
 
 def wait_active(host, units):
+    """Every unit active; a unit that failed fails the check at once, with its state and journal, instead of
+    waiting out the budget."""
     pending = list(units)
 
     def all_active():
-        pending[:] = [unit for unit in pending if unit_state(host, unit) != "active"]
+        states = {unit: unit_state(host, unit) for unit in pending}
+        failed = [unit for unit, state in states.items() if state == "failed"]
+        if failed:
+            pytest.fail("%s failed while waiting for it to be active; its journal:\n%s" % (
+                failed[0], host.run("journalctl --no-pager -q -n 15 -u %s" % failed[0]).stdout))
+        pending[:] = [unit for unit, state in states.items() if state != "active"]
         return not pending
     wait_until(all_active, UNIT_SETTLE_S, "units active (still pending: %s)" % pending)
 

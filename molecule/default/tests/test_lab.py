@@ -13,8 +13,8 @@ import sys
 
 import pytest
 
-from conftest import (COST_REPORT_S, INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, UNIT_SETTLE_S, VM_NAME, budget,
-                      health, labvm, node_cpus, placement, share, unit_state, wait_active, wait_until)
+from conftest import (COST_REPORT_S, INTERLEAVED_MIN_SHARE, JOURNAL_S, NUMA_PIN, PROJECT, UNIT_SETTLE_S, VM_NAME,
+                      budget, health, labvm, node_cpus, placement, share, unit_state, wait_active, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -102,7 +102,7 @@ def failed_start_journal(host, unit, properties, helper_args):
     def with_numa_pins_error():
         text = host.run("journalctl --no-pager -q -o cat -u %s.service --since %s" % (unit, shlex.quote(since))).stdout
         return text if "numa-pin:" in text else None
-    return wait_until(with_numa_pins_error, UNIT_SETTLE_S, "numa-pin's error in the journal of %s.service" % unit)
+    return wait_until(with_numa_pins_error, JOURNAL_S, "numa-pin's error in the journal of %s.service" % unit)
 
 
 def test_unfit_model_with_on_unfit_fail_leaves_the_unit_failed(host):
