@@ -91,9 +91,10 @@ options:
             elements: path
             default: []
           engine:
-            description: The engine recipe, for its health endpoint.
+            description: The engine recipe, for its health endpoint and the A/B gate's C(auto) api.
             type: str
             default: generic
+            choices: [generic, llama.cpp, vllm, sglang, trtllm]
           port:
             description: The port the instance serves on.
             type: int
@@ -252,7 +253,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Deployment, Host, Instance, Options, deploy
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC, health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PENDING, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
@@ -264,7 +265,8 @@ FILE_OPTIONS = {"path": {"type": "path", "required": True}, "content": {"type": 
 INSTANCE_OPTIONS = {
     "unit": {"type": "str", "required": True}, "record": {"type": "path", "required": True},
     "files": {"type": "list", "elements": "path", "default": []},
-    "engine": {"type": "str", "default": "generic"}, "port": {"type": "int"}, "health_url": {"type": "str"},
+    "engine": {"type": "str", "default": GENERIC, "choices": list(ENGINES)},
+    "port": {"type": "int"}, "health_url": {"type": "str"},
     "audit": {"type": "dict", "options": judging.argument_spec()},
     "ab_gate": {"type": "dict", "options": gate.argument_spec()},
 }
