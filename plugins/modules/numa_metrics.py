@@ -95,10 +95,11 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.fleet import host_page
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={"root": {"type": "path", "default": "/"}, "plan_dir": {"type": "path"},
+    module = AnsibleModule(argument_spec={**host_root_argument_spec(), "plan_dir": {"type": "path"},
                                           "services": {"type": "list", "elements": "dict", "default": []}},
                            supports_check_mode=True)
     try:

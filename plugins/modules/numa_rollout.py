@@ -258,6 +258,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PENDING, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 FILE_OPTIONS = {"path": {"type": "path", "required": True}, "content": {"type": "str", "default": ""},
                 "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -335,7 +336,7 @@ def main() -> None:
         argument_spec={"services": {"type": "list", "elements": "dict", "required": True, "options": SERVICE_OPTIONS},
                        "record_dir": {"type": "path", "default": "/etc/inferops-numa"},
                        "batch": {"type": "int", "default": 1}, "ready_seconds": {"type": "int", "default": 600},
-                       "settle_seconds": {"type": "float", "default": 3.0}, "root": {"type": "path", "default": "/"}},
+                       "settle_seconds": {"type": "float", "default": 3.0}, **host_root_argument_spec()},
         supports_check_mode=True,
     )
     params = module.params
