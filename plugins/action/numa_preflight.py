@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import ROOT_DEFAULT
 from ansible_collections.inferops.numa.plugins.plugin_utils import preflight
 
 display = Display()
@@ -42,7 +43,7 @@ class ActionModule(ActionBase):
         problems += entry_problems
         services = self._task.args.get("services")
         balancing = self._task.args.get("balancing") or settings.get("numa_host_balancing") or "keep"
-        module_args = {"root": self._task.args.get("root") or "/",
+        module_args = {"root": self._task.args.get("root") or ROOT_DEFAULT,
                        "services": entries if services is None else services, "balancing": balancing}
         # What the host's checks depend on: an equal digest from earlier in the run means they would find the same.
         digest = hashlib.sha256(json.dumps([module_args, settings.get("numa_host_python"),

@@ -343,6 +343,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit impo
     UnitAudit, audit_pids, audit_unit, audit_units, load_plan)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.metrics import read_records
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
 def _given_plan(module: AnsibleModule):
@@ -428,7 +429,7 @@ def main() -> None:
             **judging.argument_spec(),
             "wait_seconds": {"type": "int", "default": 60},
             "settle_seconds": {"type": "float", "default": 3.0},
-            "root": {"type": "path", "default": "/"},
+            **host_root_argument_spec(),
         },
         mutually_exclusive=[("unit", "pids", "units", "plan_dir"), ("plan", "plan_file"), ("units", "plan"),
                             ("units", "plan_file"), ("plan_dir", "plan"), ("plan_dir", "plan_file")],

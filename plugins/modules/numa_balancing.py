@@ -240,6 +240,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
     "state": {"type": "str", "default": "disabled", "choices": list(balancing.STATES)},
@@ -249,7 +250,7 @@ ARGUMENT_SPEC = {
     "on_conflict": {"type": "str", "default": "fail", "choices": ["fail", "warn"]},
     "force": {"type": "bool", "default": False},
     "verify_seconds": {"type": "float"},
-    "root": {"type": "path", "default": "/"},
+    **host_root_argument_spec(),
 }
 
 

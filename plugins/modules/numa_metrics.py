@@ -18,7 +18,8 @@ description:
     CPUs, the plan's age and drift below its C(min_local_percent).
   - With O(services) it also plans those inference_service_list entries on the host without deploying them, with
     the function the inference_service role deploys them with (the P(inferops.numa.numa_service_requests#filter)
-    filter), one instance per node with CPUs, per GPU, per group of GPUs, or one.
+    filter), one instance per node with CPUs (C(per_node)), per package over all of its nodes (C(per_socket)), per
+    GPU (C(per_gpu)), per group of GPUs (C(gpu_groups)), or one (C(single)).
   - C(playbooks/fleet_report.yml) runs it on every host of an inventory, one module run per host.
 author:
   - inferops.numa contributors (@inferops)
@@ -95,10 +96,11 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.fleet import host_page
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
 def main() -> None:
-    module = AnsibleModule(argument_spec={"root": {"type": "path", "default": "/"}, "plan_dir": {"type": "path"},
+    module = AnsibleModule(argument_spec={**host_root_argument_spec(), "plan_dir": {"type": "path"},
                                           "services": {"type": "list", "elements": "dict", "default": []}},
                            supports_check_mode=True)
     try:

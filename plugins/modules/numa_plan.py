@@ -287,10 +287,11 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placemen
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.request import argument_spec, build_request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import plan_record, record_is_current
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 # The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above
 # repeats them for ansible-doc, and tests/unit/test_request.py holds it to the table.
-ARGUMENT_SPEC = dict(argument_spec(), root={"type": "path", "default": "/"}, record_file={"type": "path"})
+ARGUMENT_SPEC = dict(argument_spec(), **host_root_argument_spec(), record_file={"type": "path"})
 
 
 def main() -> None:

@@ -90,11 +90,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.preflight import host_problems
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
 def main() -> None:
     module = AnsibleModule(
-        argument_spec={"root": {"type": "path", "default": "/"},
+        argument_spec={**host_root_argument_spec(),
                        "services": {"type": "list", "elements": "dict"},
                        "balancing": {"type": "str"}},
         supports_check_mode=True,

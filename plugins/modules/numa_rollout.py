@@ -91,9 +91,10 @@ options:
             elements: path
             default: []
           engine:
-            description: The engine recipe, for its health endpoint.
+            description: The engine recipe, for its health endpoint and the A/B gate's C(auto) api.
             type: str
             default: generic
+            choices: [generic, llama.cpp, vllm, sglang, trtllm]
           port:
             description: The port the instance serves on.
             type: int
@@ -252,11 +253,12 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Deployment, Host, Instance, Options, deploy
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC, health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PENDING, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 FILE_OPTIONS = {"path": {"type": "path", "required": True}, "content": {"type": "str", "default": ""},
                 "state": {"type": "str", "default": "present", "choices": ["present", "absent"]},
@@ -264,7 +266,8 @@ FILE_OPTIONS = {"path": {"type": "path", "required": True}, "content": {"type": 
 INSTANCE_OPTIONS = {
     "unit": {"type": "str", "required": True}, "record": {"type": "path", "required": True},
     "files": {"type": "list", "elements": "path", "default": []},
-    "engine": {"type": "str", "default": "generic"}, "port": {"type": "int"}, "health_url": {"type": "str"},
+    "engine": {"type": "str", "default": GENERIC, "choices": list(ENGINES)},
+    "port": {"type": "int"}, "health_url": {"type": "str"},
     "audit": {"type": "dict", "options": judging.argument_spec()},
     "ab_gate": {"type": "dict", "options": gate.argument_spec()},
 }
@@ -333,7 +336,7 @@ def main() -> None:
         argument_spec={"services": {"type": "list", "elements": "dict", "required": True, "options": SERVICE_OPTIONS},
                        "record_dir": {"type": "path", "default": "/etc/inferops-numa"},
                        "batch": {"type": "int", "default": 1}, "ready_seconds": {"type": "int", "default": 600},
-                       "settle_seconds": {"type": "float", "default": 3.0}, "root": {"type": "path", "default": "/"}},
+                       "settle_seconds": {"type": "float", "default": 3.0}, **host_root_argument_spec()},
         supports_check_mode=True,
     )
     params = module.params

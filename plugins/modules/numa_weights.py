@@ -132,12 +132,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import weights
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
     "source": {"type": "str", "default": "auto", "choices": list(weights.SOURCES)},
     "persist": {"type": "bool", "default": True},
     "record_dir": {"type": "path", "default": weights.RECORD_DIR},
-    "root": {"type": "path", "default": "/"},
+    **host_root_argument_spec(),
 }
 
 

@@ -9,7 +9,10 @@ import stat
 
 import pytest
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base import engines
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import (
     ENGINES, missing_programs, recipe, with_engine_args)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
@@ -142,3 +145,48 @@ def test_exec_refuses_an_engine_whose_binder_is_missing(monkeypatch):
         numa_pin._check_engine(placement, ["vllm", "serve"], best_effort=False)
     notes = numa_pin._check_engine(placement, ["vllm", "serve"], best_effort=True)
     assert placement.engine["args"] == [] and "its arguments NOT added" in notes[0]
+
+
+# ------------------------------------------------------------- one record per engine ---
+
+def _bind_self(gpu_map, spanning):
+    return ["--bind-self", str(len(gpu_map))], {"TEST_WORKERS": "1"}, [], ["engine testengine: its own switch"]
+
+
+TEST_ENGINE = engines.Engine("testengine", _bind_self, (("--self-numa", "TEST_SELF_NUMA", "it rebinds itself"),),
+                             "/ready", engines.LLAMA_CPP_API)
+
+
+@pytest.fixture
+def test_engine(monkeypatch):
+    """A newcomer's engine: its one record in the table, nothing else edited."""
+    monkeypatch.setitem(engines.ENGINES, TEST_ENGINE.name, TEST_ENGINE)
+    return TEST_ENGINE.name
+
+
+def test_an_engine_added_as_one_record_is_a_choice_of_the_request_everywhere(test_engine):
+    assert test_engine in request.argument_spec()["engine"]["choices"]
+    assert request.build_request({"engine": test_engine}).engine == test_engine
+    args, _ = numa_pin._parse(["explain", "--engine", test_engine])
+    assert args.engine == test_engine
+
+
+def test_an_engine_added_as_one_record_is_planned_refused_probed_and_gated_by_it(test_engine):
+    placement = spanning(test_engine)
+    assert placement.engine["args"] == ["--bind-self", "8"] and placement.env["TEST_WORKERS"] == "1"
+    assert placement.engine["conflicts"] == ["--self-numa"]
+    with pytest.raises(NumaError, match=r"refusing engine testengine's --self-numa \(it rebinds itself\)"):
+        numa_pin._check_engine(placement, ["server", "--self-numa"], best_effort=False)
+    assert engines.conflicting_flags(test_engine, ["server"], {"TEST_SELF_NUMA": ""}) == [
+        "TEST_SELF_NUMA in the environment, which testengine reads as --self-numa (it rebinds itself; unset it: drop "
+        "it from the service's environment)"]
+    assert engines.health_url(test_engine, 8000) == "http://127.0.0.1:8000/ready"
+    assert ab_gate.gate_from(None, 8000, test_engine).api == engines.LLAMA_CPP_API
+
+
+@pytest.mark.parametrize("name", list(engines.ENGINES))
+def test_each_record_is_whole(name):
+    record = engines.ENGINES[name]
+    assert record.name == name and record.api in engines.APIS
+    assert record.health_path is None or record.health_path.startswith("/")
+    assert all(flag.startswith("--") and variable and why for flag, variable, why in record.conflicts)

@@ -2,8 +2,8 @@
 
 numa-pin's flags, numa_plan's argument spec and a unit's ExecStart= flags are built
 from the table, and are checked here through their own parsers. The role's
-meta/argument_specs.yml, vars and tasks, and numa_plan's DOCUMENTATION, are text
-written for people: these tests fail when that text and the table disagree.
+meta/argument_specs.yml, vars and tasks are text written for people: these tests fail when that text and the
+table disagree (numa_plan's DOCUMENTATION is held to its argument spec by test_doc_fragments.py).
 tests/integration/test_request_processes.py runs the role's planning tasks with
 ansible-playbook and checks that numa_plan plans what numa-pin would plan from the
 unit's flags.
@@ -22,7 +22,6 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.service_entry import service_requests
-from ansible_collections.inferops.numa.plugins.doc_fragments import host_root
 from ansible_collections.inferops.numa.plugins.modules import numa_plan
 
 
@@ -165,19 +164,12 @@ def test_replicate_with_a_model_and_other_page_cache_actions_without_one_pass():
 
 # --- what is written for people --------------------------------------------------------------------------
 
-def test_numa_plan_documentation_is_its_argument_spec():
-    # root is documented once for every module, in the host_root fragment.
-    documented = dict(yaml.safe_load(numa_plan.DOCUMENTATION)["options"],
-                      **yaml.safe_load(host_root.ModuleDocFragment.DOCUMENTATION)["options"])
-    assert sorted(documented) == sorted(numa_plan.ARGUMENT_SPEC)
-    for name, spec in numa_plan.ARGUMENT_SPEC.items():
-        assert _typing(documented[name]) == _typing(spec), name
-
-
 def test_role_argument_specs_spell_the_request_like_the_table():
     entry = _role_yaml("meta", "argument_specs.yml")["argument_specs"]["main"]["options"]["inference_service_list"]
     expected = dict(_role_spelling(option) for option in request.OPTIONS if option.name not in ROLE_COMPUTED)
     assert {name: _typing(entry["options"].get(name, {})) for name in expected} == expected
+    # Every option is either an entry's, or one the role works out (an entry giving it is refused as unknown).
+    assert [name for name in ROLE_COMPUTED if name in entry["options"]] == []
 
 
 def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option():
@@ -188,6 +180,9 @@ def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option(
     assert set(wanted["request"]) == set(request.BY_NAME) - {"instance"}
     planned = _service_task("Plan each instance")["inferops.numa.numa_plan"]
     assert set(planned) - {"record_file"} == set(request.argument_spec())
+    # Each option handed on under its own name (instance is the loop's item).
+    assert [name for name, value in planned.items() if name not in ("instance", "record_file")
+            and value != "{{ _inference_service_plan_args.%s | default(omit) }}" % name] == []
 
 
 def test_placement_docs_give_the_planners_defaults_and_choices():

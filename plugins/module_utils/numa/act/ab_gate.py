@@ -32,6 +32,7 @@ import time
 from typing import NamedTuple
 
 from . import engine_http
+from ..base.engines import ENGINES, LLAMA_CPP_API
 from ..base.errors import NumaError, shown
 from ..inputs import gate as gate_options
 
@@ -67,7 +68,7 @@ MAX_MODEL_ID_CHARS = 1024
 class Gate(NamedTuple):
     """An instance's A/B gate: what to ask, how often, what gain to demand, and how long a request may take."""
     base_url: str  # http://127.0.0.1:PORT
-    api: str  # "llama.cpp" (/completion) or "openai" (/v1/completions)
+    api: str  # one of base/engines.APIS: "llama.cpp" (/completion) or "openai" (/v1/completions)
     prompt: str
     max_tokens: int
     rounds: int
@@ -92,7 +93,7 @@ def gate_from(values: Optional[Mapping[str, Any]], port: Optional[int], engine: 
             0 < request_seconds < math.inf):
         raise NumaError("ab_gate: a request's time limit of %s is no positive number of seconds; give one"
                         % shown(request_seconds))
-    api = values["api"] if values["api"] != "auto" else "llama.cpp" if engine == "llama.cpp" else "openai"
+    api = values["api"] if values["api"] != "auto" else ENGINES[engine].api
     return Gate("http://127.0.0.1:%d" % port, api, values["prompt"], values["max_tokens"], values["rounds"],
                 values["min_gain_percent"], values["max_rounds"], values["max_noise_percent"], float(request_seconds))
 
@@ -125,7 +126,7 @@ def gather(next_rate: Callable[[], float], rounds: int, max_rounds: int, max_noi
 
 def _round_asker(gate: Gate, ask: Asker, clock: Callable[[], float]) -> Callable[[str], float]:
     """One round's rate, by the gate's api: ``round_name`` -> tokens/s."""
-    if gate.api == "llama.cpp":
+    if gate.api == LLAMA_CPP_API:
         url = gate.base_url + "/completion"
         question = {"prompt": gate.prompt, "n_predict": gate.max_tokens, "ignore_eos": True, "cache_prompt": False}
 

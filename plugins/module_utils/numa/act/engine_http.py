@@ -30,6 +30,7 @@ from http import client as http_client
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from ..base.engines import APIS
 from ..base.errors import NumaError, shown
 
 TYPE_CHECKING = False
@@ -42,7 +43,7 @@ MAX_ANSWER_BYTES = 1 << 20
 # How much of a refused answer a message repeats.
 EXCERPT_BYTES = 120
 # What to check when an answer is not what the engine's API gives.
-ANSWER_FIX = "check that the server on that port is the engine the gate's api names (llama.cpp or openai)"
+ANSWER_FIX = "check that the server on that port is the engine the gate's api names (%s)" % " or ".join(APIS)
 
 
 class Answer(NamedTuple):

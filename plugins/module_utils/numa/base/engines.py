@@ -21,42 +21,56 @@ so that two binders never fight:
 - ``trtllm``: spanning, ``TLLM_NUMA_AWARE_WORKER_AFFINITY=1`` (each rank's affinity set to its
   GPU's node); on one node ``0``: unset, TensorRT-LLM clears an affinity it finds constrained.
 
-docs/engines.md records the engine versions each recipe was checked against. numa-pin exec
+Each engine is one ``Engine`` record in ``ENGINES`` (its recipe, the settings it must not be given, its
+health path, the API an A/B gate asks it by): the request's ``engine`` choices, numa_rollout's, the refusals,
+the readiness URL and the gate's ``auto`` API are all read from that table, so an engine is added by adding
+its record. docs/engines.md records the engine versions each recipe was checked against. numa-pin exec
 imports this module at every start: standard library only, ``typing`` for type checkers.
 """
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
     GpuMap = Sequence[Mapping[str, Any]]
     # (args, env, requires, reasons)
     Parts = Tuple[List[str], Dict[str, str], List[str], List[str]]
+    Recipe = Callable[[GpuMap, bool], Parts]
 
 GENERIC = "generic"
-ENGINES = (GENERIC, "llama.cpp", "vllm", "sglang", "trtllm")
+# The APIs an A/B gate can measure an engine by (act/ab_gate asks each its own way): llama-server's /completion,
+# which says its decode rate, or an OpenAI-compatible /v1/completions, timed.
+LLAMA_CPP_API = "llama.cpp"
+OPENAI_API = "openai"
+APIS = (LLAMA_CPP_API, OPENAI_API)
 
 
-# Settings of an engine that undo the plan's binding, numa-pin refuses to start them: per engine
-# (flag, the environment variable the engine reads as that flag, why). A variable counts whatever
-# its value: the engine reads an empty one too.
-_CONFLICTS = {
-    # ggml (llama.cpp b11434, ggml-cpu.c): in any --numa mode on a multi-node host the main thread's
-    # affinity is set to every CPU after each graph (clear_numa_thread_affinity). common/arg.cpp reads
-    # LLAMA_ARG_NUMA when the command has no --numa, an empty value as "distribute".
-    "llama.cpp": (("--numa", "LLAMA_ARG_NUMA", "llama.cpp's --numa resets its main thread's CPU affinity to all "
-                                               "CPUs after each graph, outside the plan"),),
-}  # type: Dict[str, Tuple[Tuple[str, str, str], ...]]
+class Engine:
+    """One inference engine, all the collection knows of it: ``recipe`` (gpu_map, spanning) -> Parts;
+    ``conflicts``, the settings that undo the plan's binding, each (flag, the environment variable the engine
+    reads as that flag, why); ``health_path``, where it answers HTTP 200 once ready (None: none known, its port
+    is probed); ``api``, the one of ``APIS`` an A/B gate set to ``auto`` asks it by."""
+
+    __slots__ = ("name", "recipe", "conflicts", "health_path", "api")
+
+    def __init__(self, name: str, recipe: Recipe, conflicts: Tuple[Tuple[str, str, str], ...] = (),
+                 health_path: Optional[str] = None, api: str = OPENAI_API) -> None:
+        self.name = name
+        self.recipe = recipe
+        self.conflicts = conflicts
+        self.health_path = health_path
+        self.api = api
 
 
 def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
     """The engine's part of a plan: {engine, args, env, requires, conflicts, reasons}; ``args`` go
     after the server's own arguments, ``env`` into its environment, ``requires`` names programs it
     runs, ``conflicts`` flags of its command that would undo the binding."""
-    args, env, requires, reasons = _RECIPES[engine](gpu_map, spanning)
+    record = ENGINES[engine]
+    args, env, requires, reasons = record.recipe(gpu_map, spanning)
     return {"engine": engine, "args": args, "env": env, "requires": requires,
-            "conflicts": sorted(flag for flag, _variable, _why in _CONFLICTS.get(engine, ())), "reasons": reasons}
+            "conflicts": sorted(flag for flag, _variable, _why in record.conflicts), "reasons": reasons}
 
 
 def conflicting_flags(engine: str, argv: Sequence[str], environ: Optional[Mapping[str, str]] = None) -> List[str]:
@@ -65,7 +79,7 @@ def conflicting_flags(engine: str, argv: Sequence[str], environ: Optional[Mappin
     known, as on the controller) that the engine reads as such a flag."""
     given = {arg.partition("=")[0] for arg in argv[1:] if arg.startswith("--")}
     found = []
-    for flag, variable, why in sorted(_CONFLICTS.get(engine, ())):
+    for flag, variable, why in sorted(ENGINES[engine].conflicts):
         if flag in given:
             found.append("%s (%s)" % (flag, why))
         if environ is not None and variable in environ:
@@ -121,13 +135,23 @@ def _worker_memory_node(gpu: Mapping[str, Any]) -> int:
     return gpu["mem_nodes"][0]
 
 
-_RECIPES = {
-    GENERIC: _generic,
-    "llama.cpp": _llama_cpp,
-    "vllm": _vllm,
-    "sglang": _sglang,
-    "trtllm": _trtllm,
-}
+# The engines, by name, in the order their names are offered. A variable of a conflict counts whatever its value:
+# the engine reads an empty one too. Every health path: llama-server's /health answers 503 while loading
+# (tools/server/README.md); vLLM's, SGLang's and trtllm-serve's OpenAI-compatible servers answer /health with 200
+# when up; a generic server has none known, so its port is probed, or the entry's health_url asked.
+ENGINES = {engine.name: engine for engine in (
+    Engine(GENERIC, _generic),
+    # ggml (llama.cpp b11434, ggml-cpu.c): in any --numa mode on a multi-node host the main thread's affinity is
+    # set to every CPU after each graph (clear_numa_thread_affinity). common/arg.cpp reads LLAMA_ARG_NUMA when the
+    # command has no --numa, an empty value as "distribute".
+    Engine("llama.cpp", _llama_cpp, (("--numa", "LLAMA_ARG_NUMA", "llama.cpp's --numa resets its main thread's CPU "
+                                                                   "affinity to all CPUs after each graph, outside "
+                                                                   "the plan"),),
+           "/health", LLAMA_CPP_API),
+    Engine("vllm", _vllm, health_path="/health"),
+    Engine("sglang", _sglang, health_path="/health"),
+    Engine("trtllm", _trtllm, health_path="/health"),
+)}  # type: Dict[str, Engine]
 
 
 def missing_programs(programs: Sequence[str], path: str) -> List[str]:
@@ -166,16 +190,10 @@ def _flag_groups(args: Sequence[str]) -> List[List[str]]:
     return groups
 
 
-# Where each engine says it is ready to serve: HTTP 200 once the model is loaded. llama-server's /health answers
-# 503 while loading (tools/server/README.md); vLLM's, SGLang's and trtllm-serve's OpenAI-compatible servers
-# answer /health with 200 when up. generic: none known, so its port is probed, or the entry's health_url.
-HEALTH_PATHS = {"llama.cpp": "/health", "vllm": "/health", "sglang": "/health", "trtllm": "/health"}
-
-
 def health_url(engine: str, port: Optional[int], given: Optional[str] = None) -> Optional[str]:
     """The URL an instance's readiness is asked at: ``given`` (its ``{port}`` filled in) when set, else the
     engine's health path on 127.0.0.1:port; None when there is neither (a generic server: probe its port)."""
     if given:
         return given.replace("{port}", str(port)) if port is not None else given
-    path = HEALTH_PATHS.get(engine)
+    path = ENGINES[engine].health_path
     return "http://127.0.0.1:%d%s" % (port, path) if path and port is not None else None

@@ -11,6 +11,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+from ..base.engines import APIS
 from ..base.errors import shown
 from ..base.sizes import finite_number
 from .request import Option
@@ -33,7 +34,7 @@ OPTIONS = (
     Option("max_noise_percent", "float", "the widest the noise band may be: a loss beyond it is rolled back however "
                                          "noisy the rounds were", default=5.0),
     Option("api", "str", "llama.cpp (/completion, the server's decode rate), openai (/v1/completions, timed) or "
-                         "auto (by the engine)", default="auto", choices=("auto", "llama.cpp", "openai")),
+                         "auto (by the engine)", default="auto", choices=("auto",) + APIS),
 )
 DEFAULTS = {option.name: option.default for option in OPTIONS}
 # (lowest, highest) of each number.
