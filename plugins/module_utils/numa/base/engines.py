@@ -144,10 +144,9 @@ ENGINES = {engine.name: engine for engine in (
     # ggml (llama.cpp b11434, ggml-cpu.c): in any --numa mode on a multi-node host the main thread's affinity is
     # set to every CPU after each graph (clear_numa_thread_affinity). common/arg.cpp reads LLAMA_ARG_NUMA when the
     # command has no --numa, an empty value as "distribute".
-    Engine("llama.cpp", _llama_cpp, (("--numa", "LLAMA_ARG_NUMA", "llama.cpp's --numa resets its main thread's CPU "
-                                                                   "affinity to all CPUs after each graph, outside "
-                                                                   "the plan"),),
-           "/health", LLAMA_CPP_API),
+    Engine("llama.cpp", _llama_cpp, (
+        ("--numa", "LLAMA_ARG_NUMA", "llama.cpp's --numa resets its main thread's CPU affinity to all CPUs after "
+                                     "each graph, outside the plan"),), "/health", LLAMA_CPP_API),
     Engine("vllm", _vllm, health_path="/health"),
     Engine("sglang", _sglang, health_path="/health"),
     Engine("trtllm", _trtllm, health_path="/health"),
