@@ -103,6 +103,7 @@ class FilterModule:
             "numa_plan_record": _Rule("act.unit_text", "plan_record"),
             "numa_rollout_service": _Rule("decide.rollout", "rollout_service"),
             "numa_stale_instances": _Rule("decide.rollout", "stale_instances"),
+            "numa_plan_record_name": _Rule("decide.records", "plan_record_name"),
             "numa_service_requests": _Rule("inputs.service_entry", "service_requests"),
             "numa_service_entries": _filter(_service_entries),
             "numa_server_command": _filter(_server_command),

@@ -3,6 +3,7 @@ numa): explain, audit, facts, exec, --version and --help. The in-process tests a
 
 import json
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -80,8 +81,8 @@ def test_audit_wants_pids_or_a_unit(args, why):
     assert result.returncode == numa_pin_cli.EXIT_BAD_REQUEST and why in result.stderr, result.stderr
 
 
-def test_audit_of_a_pid_reports_where_its_memory_is(tmp_path):
-    plan_file = tmp_path / "plan.json"
+def test_audit_of_a_pid_reports_where_its_memory_is(trusted_dir):
+    plan_file = pathlib.Path(trusted_dir, "plan.json")  # in /tmp, which anyone may write, it would be refused
     plan_file.write_text(json.dumps({"policy": "preferred", "mem_nodes": [0], "cpus": sorted(os.sched_getaffinity(0))}))
     result = numa_pin("audit", "--pid", str(os.getpid()), "--plan-file", str(plan_file))
     assert result.returncode == 0, result.stderr

@@ -76,11 +76,13 @@ def test_numa_plan_ships_only_what_it_uses():
     assert done.returncode == 0, done.stderr
     prefix = "ansible_collections/inferops/numa/plugins/module_utils/numa/"
     shipped = {name[len(prefix):-3] for name in done.stdout.split() if name.startswith(prefix)}
-    # system/kernel: the reader's openat2 under a root (numa_plan's root option)
+    # system/kernel: the reader's openat2 under a root (numa_plan's root option); system/trusted_files and safe_fs:
+    # the plan record read as every reader of it reads it (is it current?)
     layers = {"%s/__init__" % layer for layer in ("act", "base", "decide", "inputs", "read", "system")}
     assert shipped == layers | {"__init__", "act/unit_text", "base/cpulist", "base/engines", "base/errors",
                                 "base/gpu_vendors", "base/sizes", "base/tokens", "decide/placement", "inputs/request",
-                                "read/kernel_files", "read/topology", "system/kernel"}
+                                "read/kernel_files", "read/topology", "system/kernel", "system/safe_fs",
+                                "system/trusted_files"}
 
 
 def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():

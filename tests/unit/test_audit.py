@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import pathlib
 
 import pytest
 from hypothesis import given, settings
@@ -554,9 +555,9 @@ def run_module(args, capsys):
     return json.loads(capsys.readouterr().out)
 
 
-def test_module_fails_with_the_whole_report(tmp_path, capsys):
+def test_module_fails_with_the_whole_report(tmp_path, trusted_dir, capsys):
     write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
-    plan_file = tmp_path / "llama@1.plan.json"
+    plan_file = pathlib.Path(trusted_dir, "llama@1.plan.json")
     plan_file.write_text(json.dumps(BIND1))
     result = run_module({"pids": [4242], "plan_file": str(plan_file), "root": str(tmp_path)}, capsys)
     assert result["failed"] is True
@@ -574,24 +575,98 @@ def test_module_passes_and_changes_nothing(tmp_path, capsys):
     assert result["ok"] is True
 
 
-def test_module_names_a_missing_plan_file(tmp_path, capsys):
+def test_module_names_a_missing_plan_file(tmp_path, trusted_dir, capsys):
     write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
-    result = run_module({"pids": [4242], "plan_file": str(tmp_path / "absent.json"), "root": str(tmp_path)}, capsys)
+    result = run_module({"pids": [4242], "plan_file": os.path.join(trusted_dir, "absent.json"), "root": str(tmp_path)},
+                        capsys)
     assert result["failed"] is True
     assert "does not exist: deploy the service with the inference_service role" in result["msg"]
 
 
-def test_unreadable_plan_file_names_the_file_and_the_fix(tmp_path):
+def test_unreadable_plan_file_names_the_file_and_the_fix(trusted_dir):
     with pytest.raises(NumaError, match="plan file .*missing.json does not exist: .*numa-pin explain"):
-        audit.load_plan(str(tmp_path / "missing.json"))
-    broken = tmp_path / "broken.json"
+        audit.load_plan(os.path.join(trusted_dir, "missing.json"))
+    broken = pathlib.Path(trusted_dir, "broken.json")
     broken.write_text("{")
-    with pytest.raises(NumaError, match="cannot read plan file .*broken.json .*numa-pin explain"):
+    with pytest.raises(NumaError, match="broken.json: not a JSON object .*numa-pin explain"):
         audit.load_plan(str(broken))
-    bad = tmp_path / "list.json"
+    bad = pathlib.Path(trusted_dir, "list.json")
     bad.write_text("[1]")
     with pytest.raises(NumaError, match="not a JSON object"):
         audit.load_plan(str(bad))
+
+
+# --- the plan file is read as every plan record is: its verdict decides rollbacks -----------------------
+
+
+def test_a_plan_file_root_can_trust_is_read(trusted_dir):
+    path = pathlib.Path(trusted_dir, "llama@1.plan.json")
+    path.write_text(json.dumps(BIND1))
+    os.chmod(str(path), 0o644)
+    assert audit.load_plan(str(path)) == BIND1
+
+
+def test_a_symlinked_plan_file_is_refused_not_followed(trusted_dir):
+    target = pathlib.Path(trusted_dir, "elsewhere.json")
+    target.write_text(json.dumps(BIND1))
+    link = pathlib.Path(trusted_dir, "llama@1.plan.json")
+    link.symlink_to(target)
+    with pytest.raises(NumaError, match=r"^cannot open .*llama@1\.plan\.json \(.*\): it must be a regular file, not a "
+                                        r"symbolic link; deploy the service with the inference_service role") as caught:
+        audit.load_plan(str(link))
+    assert "\n" not in str(caught.value)
+
+
+def test_a_plan_file_in_a_linked_directory_is_refused(trusted_dir):
+    real = pathlib.Path(trusted_dir, "plans")
+    real.mkdir(mode=0o755)
+    (real / "llama@1.plan.json").write_text(json.dumps(BIND1))
+    pathlib.Path(trusted_dir, "link").symlink_to(real)
+    with pytest.raises(NumaError, match="refusing the plan directory .*link: it is a symbolic link"):
+        audit.load_plan(os.path.join(trusted_dir, "link", "llama@1.plan.json"))
+
+
+@pytest.mark.parametrize("mode", [0o664, 0o646])
+def test_a_plan_file_others_may_write_is_refused(trusted_dir, mode):
+    path = pathlib.Path(trusted_dir, "llama@1.plan.json")
+    path.write_text(json.dumps(BIND1))
+    os.chmod(str(path), mode)
+    with pytest.raises(NumaError, match=r"^ignoring .*llama@1\.plan\.json \(uid \d+, mode 0%o\): only a regular file "
+                                        r"that root alone may write is trusted; chown root and chmod go-w it, or "
+                                        r"deploy the service" % mode):
+        audit.load_plan(str(path))
+
+
+def test_a_plan_file_in_a_directory_others_may_write_is_refused(trusted_dir):
+    shared = pathlib.Path(trusted_dir, "shared")
+    shared.mkdir()
+    os.chmod(str(shared), 0o777)
+    (shared / "llama@1.plan.json").write_text(json.dumps(BIND1))
+    with pytest.raises(NumaError, match=r"refusing the plan directory .*shared: it \(mode 0777\) may be written by "
+                                        r"its group or others.*chmod go-w"):
+        audit.load_plan(str(shared / "llama@1.plan.json"))
+
+
+def test_an_oversized_plan_file_is_refused_unparsed(trusted_dir):
+    path = pathlib.Path(trusted_dir, "llama@1.plan.json")
+    path.write_text(json.dumps(dict(BIND1, padding=" " * (1 << 20))))
+    with pytest.raises(NumaError, match=r"^ignoring .*llama@1\.plan\.json: not a JSON object of at most 1048576 bytes "
+                                        r"in UTF-8; deploy the service"):
+        audit.load_plan(str(path))
+
+
+def test_a_plan_file_of_another_shape_is_refused(trusted_dir):
+    path = pathlib.Path(trusted_dir, "llama@1.plan.json")
+    path.write_text(json.dumps(dict(BIND1, mem_nodes=["1"])))
+    with pytest.raises(NumaError, match=r"^refusing the plan file .*llama@1\.plan\.json: mem_nodes \['1'\] is not a "
+                                        r"list of ids from 0 to \d+; deploy the service"):
+        audit.load_plan(str(path))
+
+
+def test_a_relative_plan_file_is_the_working_directorys(trusted_dir, monkeypatch):
+    pathlib.Path(trusted_dir, "plan.json").write_text(json.dumps(BIND1))
+    monkeypatch.chdir(trusted_dir)
+    assert audit.load_plan("plan.json") == BIND1
 
 
 def test_module_wants_unit_or_pids(capsys):
@@ -608,15 +683,15 @@ def _fake_audit_units(outcomes, seen):
     return audit_units
 
 
-def test_module_audits_several_units_in_one_run_and_names_each_failure(tmp_path, capsys, monkeypatch):
-    plan_file = tmp_path / "a@0.plan.json"
+def test_module_audits_several_units_in_one_run_and_names_each_failure(trusted_dir, capsys, monkeypatch):
+    plan_file = pathlib.Path(trusted_dir, "a@0.plan.json")
     plan_file.write_text(json.dumps(BIND1))
     seen = []
     monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units(
         {"a@0.service": True, "b@0.service": False, "c@0.service": True}, seen))
     result = run_module({"units": [
         {"unit": "a@0.service", "plan_file": str(plan_file)},
-        {"unit": "c@0.service", "plan_file": str(tmp_path / "absent.json")},
+        {"unit": "c@0.service", "plan_file": os.path.join(trusted_dir, "absent.json")},
         {"unit": "b@0.service", "pages": "anon", "min_local_percent": 90},
     ], "wait_seconds": 7}, capsys)
     assert result["failed"] is True and result["ok"] is False

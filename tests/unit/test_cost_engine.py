@@ -477,11 +477,12 @@ def test_cli_defaults_match_the_module_and_print_a_table(fake_host, monkeypatch)
     assert "latency ns (measured):" in out.getvalue() and "90.0" in out.getvalue()
 
 
-def test_cli_json_plan_file_and_service_flags_reach_run(fake_host, tmp_path):
+def test_cli_json_plan_file_and_service_flags_reach_run(fake_host, trusted_dir):
     import io
     import json
+    import pathlib
 
-    plan = tmp_path / "plan.json"
+    plan = pathlib.Path(trusted_dir, "plan.json")
     plan.write_text(json.dumps({"mem_nodes": [1], "policy": "bind"}))
     out = io.StringIO()
     args = cli_args("--json", "--pid", "7", "--pid", "8", "--plan-file", str(plan), "--window-seconds", "3",

@@ -15,6 +15,7 @@ import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import metrics_command
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import drift, exposition, metrics
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import trusted_files
 
 from tests.unit.test_audit import PAGE
 from tests.unit.test_metrics import (BIND1, host, machine_root, snapshot_of,  # noqa: F401 (fixtures)
@@ -257,7 +258,7 @@ def test_a_linked_plan_directory_is_refused(host):  # noqa: F811
 
 def test_records_are_read_through_the_directory_checked(host, monkeypatch):  # noqa: F811
     """Once the plan directory is checked, its name is not used again: swapping it then changes nothing."""
-    real_open = metrics.open_record_directory
+    real_open = trusted_files.open_plan_directory
 
     def open_then_swap(path):
         fd = real_open(path)
@@ -267,7 +268,7 @@ def test_records_are_read_through_the_directory_checked(host, monkeypatch):  # n
         write_json(os.path.join(host[1], "llama@1.plan.json"), dict(BIND1, mem_nodes=[0]))
         return fd
 
-    monkeypatch.setattr(metrics, "open_record_directory", open_then_swap)
+    monkeypatch.setattr(trusted_files, "open_plan_directory", open_then_swap)
     snap = snapshot_of(host)
     assert units(snap) == ["down@0.service", "llama@0.service", "llama@1.service"], snap["warnings"]
     assert snap["instances"][2]["mem_nodes"] == [1]

@@ -12,6 +12,7 @@ own Jinja settings). Each rendered unit is then:
 
 import json
 import os
+import pathlib
 import re
 import shutil
 
@@ -334,24 +335,27 @@ def test_plan_record_drops_what_moves_between_runs():
     assert unit_text.plan_record(spread_from_0) == unit_text.plan_record(spread_from_1)
 
 
-def test_a_record_is_current_only_when_root_wrote_exactly_it(tmp_path):
+def test_a_record_is_current_only_when_root_wrote_exactly_it(trusted_dir):
     record = unit_text.plan_record(PLAN_NODE1)
-    path = tmp_path / "llama@1.plan.json"
+    directory = pathlib.Path(trusted_dir)
+    path = directory / "llama@1.plan.json"
     assert not unit_text.record_is_current(str(path), record)  # missing
     path.write_text(json.dumps(record, indent=4) + "\n")
     os.chmod(str(path), 0o644)
-    if os.geteuid() == 0:
-        assert unit_text.record_is_current(str(path), record)  # formatting does not matter, content does
+    assert unit_text.record_is_current(str(path), record)  # formatting does not matter, content does
     assert not unit_text.record_is_current(str(path), dict(record, cpulist="0-3"))
     os.chmod(str(path), 0o666)
     assert not unit_text.record_is_current(str(path), record)  # writable by others: rewrite it
     os.chmod(str(path), 0o644)
-    link = tmp_path / "link.plan.json"
+    link = directory / "link.plan.json"
     link.symlink_to(path)
     assert not unit_text.record_is_current(str(link), record)
     path.write_text("{not json")
     assert not unit_text.record_is_current(str(path), record)
-    assert not unit_text.record_is_current(str(tmp_path), record)  # a directory
+    assert not unit_text.record_is_current(str(directory), record)  # a directory
+    os.chmod(str(directory), 0o777)
+    path.write_text(json.dumps(record))
+    assert not unit_text.record_is_current(str(path), record)  # in a directory others may write
 
 
 def test_systemd_version_is_read_from_systemctl():

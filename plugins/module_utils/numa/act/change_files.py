@@ -22,7 +22,8 @@ import stat
 import time
 
 from ..base.errors import NumaError, shown
-from ..decide.rollout import AB_GATES, PENDING, REJECTED, Found
+from ..decide.records import AB_GATES, PENDING, rejected_record_name
+from ..decide.rollout import Found
 from ..system import safe_fs, trusted_files
 
 TYPE_CHECKING = False
@@ -173,12 +174,12 @@ def remove_pending(record_dir: str) -> None:
 def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[str, Optional[str]]:
     """path -> digest of the change ``service``'s A/B gate rolled back last; empty when none (or one that cannot
     be trusted, said in ``warnings``: the change is then measured again rather than held)."""
-    value = _read_record(record_dir, REJECTED % service, "the change is measured again", warnings)
+    value = _read_record(record_dir, rejected_record_name(service), "the change is measured again", warnings)
     files = value.get("files") if value else None
     if value and not (isinstance(files, dict) and all(isinstance(key, str) and (digest is None or isinstance(
             digest, str)) for key, digest in files.items())):
         warnings.append("ignoring %s: not a record of rejected files; the change is measured again"
-                        % os.path.join(record_dir, REJECTED % service))
+                        % os.path.join(record_dir, rejected_record_name(service)))
         return {}
     return dict(files or {})
 
@@ -186,7 +187,7 @@ def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[st
 def write_rejected(record_dir: str, service: str, files: Mapping[str, Optional[str]],
                    verdicts: Mapping[str, Any]) -> None:
     text = json.dumps({"files": files, "verdicts": verdicts}, indent=1, sort_keys=True) + "\n"
-    _write_record(record_dir, REJECTED % service, text)
+    _write_record(record_dir, rejected_record_name(service), text)
 
 
 def merge_verdicts(record_dir: str, verdicts: Mapping[str, Any], warnings: List[str]) -> None:
@@ -201,9 +202,10 @@ def merge_verdicts(record_dir: str, verdicts: Mapping[str, Any], warnings: List[
 def _read_record(record_dir: str, name: str, fix: str,
                  warnings: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     """The JSON object of record ``name`` in the plan directory, or None when there is none. One root cannot
-    trust is a NumaError ending with ``fix``; with ``warnings``, it is said there instead and taken as none."""
+    trust (trusted_files.read_plan_record) is a NumaError ending with ``fix``; with ``warnings``, it is said there
+    instead and taken as none."""
     try:
-        return trusted_files.read_record(record_dir, name, "plan directory", safe_fs.DEPLOYED, fix)
+        return trusted_files.read_plan_record(os.path.join(record_dir, name), fix)
     except NumaError as exc:
         if warnings is None:
             raise
@@ -213,7 +215,7 @@ def _read_record(record_dir: str, name: str, fix: str,
 
 def _write_record(record_dir: str, name: str, text: Optional[str], mode: int = FILE_MODE) -> None:
     try:
-        fd = trusted_files.open_checked_directory(record_dir, "plan directory", safe_fs.DEPLOYED,
+        fd = trusted_files.open_checked_directory(record_dir, trusted_files.PLAN_DIRECTORY, safe_fs.DEPLOYED,
                                                   create=text is not None)
     except FileNotFoundError:
         return  # a removal where there is no directory: nothing there to remove

@@ -46,7 +46,8 @@ from .change_files import (Pending, merge_verdicts, read_found, read_pending, re
                            write_files, write_pending, write_rejected)
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
-from ..decide.rollout import PENDING, Change, Found, Service, decide, previous_texts, rejected_record
+from ..decide.records import PENDING
+from ..decide.rollout import Change, Found, Service, decide, previous_texts, rejected_record
 from ..read.audit import UnitAudit, audit_units
 from ..read.kernel_files import printable
 from ..read.systemctl import CommandRunner, show_units

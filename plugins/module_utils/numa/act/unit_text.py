@@ -15,15 +15,14 @@ systemd``), and the ``CPUAffinity=``/``NUMAPolicy=``/``NUMAMask=`` a Plan maps t
 """
 
 import json
-import os
 import re
-import stat
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError, shown
 from ..base.tokens import BASELINE_ENV, OWN_ENV_PREFIX
 from ..inputs.request import OPTIONS, Option, check_names
+from ..system import trusted_files
 
 # Characters that mean nothing to systemd's parsers in any pass: a word made
 # only of these is written bare, anything else is double-quoted.
@@ -330,23 +329,14 @@ def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
 def record_is_current(path: str, record: Mapping[str, Any]) -> bool:
     """Whether the plan record file at path holds exactly this record, as root wrote it.
 
-    Anything else (missing, unreadable, not JSON, a symlink, not a regular file, owned by another
-    user, writable by group or others) is not current, so the caller writes it again.
+    Anything else (missing, or one root cannot trust: trusted_files.read_plan_record) is not current, so the
+    caller writes it again.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        written = trusted_files.read_plan_record(path, "it is written again")
+    except NumaError:
         return False
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
-            return False
-        written = json.loads(os.read(fd, 1 << 20).decode("utf-8"))
-    except (OSError, ValueError):
-        return False
-    finally:
-        os.close(fd)
-    return written == json.loads(json.dumps(record))
+    return written is not None and written == json.loads(json.dumps(record))
 
 
 def parse_systemd_version(text: str) -> int:

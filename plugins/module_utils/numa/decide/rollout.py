@@ -23,14 +23,10 @@ import json
 import os
 from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-# The records a deployment keeps in the plan directory besides the plans (``<unit>@<index>.plan.json``): how each
-# service is judged (numa-pin metrics read it), the record of a change not judged yet (act/change_files), the
-# change each service's A/B gate rolled back last, and the gates' verdicts (the metrics and the fleet report show
-# them).
-AUDIT_RECORD = "%s.audit.json"
-PENDING = "rollout.pending.json"
-REJECTED = "%s.rejected.json"
-AB_GATES = "ab-gates.json"
+from .records import audit_record_name, plan_record_name, plan_record_parts
+# The module numa_rollout still imports PENDING from here; its home is decide/records.
+from .records import PENDING  # noqa: F401
+
 # The drop-in of an instance's placement in pin_mode systemd (the role's numa-placement.conf.j2).
 PLACEMENT_DROP_IN = "50-inferops-numa.conf"
 
@@ -120,7 +116,7 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
     files = [{"path": template, "content": unit_text, "state": "present", "systemd": True}]
     instances = []
     for index, record in enumerate(records):
-        record_path = os.path.join(plan_dir, "%s@%d.plan.json" % (unit, index))
+        record_path = os.path.join(plan_dir, plan_record_name(unit, index))
         drop_in = os.path.join(unit_dir, "%s@%d.service.d" % (unit, index), PLACEMENT_DROP_IN)
         files.append({"path": record_path, "content": record_text(record), "state": "present", "systemd": False})
         files.append({"path": drop_in, "content": placements[index] if entry["pin_mode"] == "systemd" else "",
@@ -131,7 +127,7 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
                           "ab_gate": entry.get("ab_gate"),
                           "audit": {"min_local_percent": entry["min_local_percent"], "pages": entry["pages"]}
                           if entry["audit"] else None})
-    files.append({"path": os.path.join(plan_dir, AUDIT_RECORD % unit), "state": "present", "systemd": False,
+    files.append({"path": os.path.join(plan_dir, audit_record_name(unit)), "state": "present", "systemd": False,
                   "content": record_text({"audit": bool(entry["audit"]),
                                           "min_local_percent": float(entry["min_local_percent"]),
                                           "pages": entry["pages"], "on_drift": entry["on_drift"]})})
@@ -143,9 +139,7 @@ def stale_instances(paths: Sequence[str], unit: str, count: int) -> List[int]:
     among ``paths``) that a deployment of ``count`` instances no longer wants, in order."""
     indices = set()
     for path in paths:
-        name = os.path.basename(path)
-        prefix, suffix = unit + "@", ".plan.json"
-        index = name[len(prefix):-len(suffix)] if name.startswith(prefix) and name.endswith(suffix) else ""
-        if index.isdigit() and index.isascii() and int(index) >= count:
-            indices.add(int(index))
+        parts = plan_record_parts(os.path.basename(path))
+        if parts and parts[0] == unit and int(parts[1]) >= count:
+            indices.add(int(parts[1]))
     return sorted(indices)

@@ -39,7 +39,6 @@ An audit never passes with nothing audited: a PID that has no memory of its own
 plan with no resident pages to judge.
 """
 
-import json
 import os
 import re
 import time
@@ -51,6 +50,8 @@ from ..base.errors import NumaError, shown
 from .kernel_files import Root, parse_maps, proc_text, read_status
 from .systemctl import CommandRunner, run_command, show_unit, unit_pids
 from ..base.sizes import finite_number, format_size
+from ..decide.records import plan_problem
+from ..system import trusted_files
 
 KINDS = ("anon", "file", "code")
 ENFORCED_POLICIES = ("bind",)
@@ -61,6 +62,9 @@ INTERLEAVE_POLICIES = ("interleave", "weighted-interleave")
 # (plain interleave over 2:2:1 nodes: 33 % instead of 20 %) falls outside it.
 WEIGHT_BAND_PERCENT = 10.0
 _WEIGHTS_DIR = "sys/kernel/mm/mempolicy/weighted_interleave"
+# A plan file an audit cannot trust or read: what to do instead.
+PLAN_FILE_FIX = ("deploy the service with the inference_service role, or give the JSON that numa-pin explain prints "
+                 "in a directory only root may write")
 # RSS counts as settled when two samples one poll apart differ by at most this share.
 RSS_SETTLED_SHARE = 0.01
 POLL_SECONDS = 1.0
@@ -242,17 +246,17 @@ def check_seconds(name: str, value: Any) -> None:
 
 
 def load_plan(path: str) -> Dict[str, Any]:
-    """A plan file: the record the inference_service role wrote, or the JSON numa-pin explain prints."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            plan = json.load(handle)
-    except FileNotFoundError:
+    """A plan file: the record the inference_service role wrote, or the JSON numa-pin explain prints. The audit's
+    verdict on it decides whether a change is rolled back, so it is read as every plan record is
+    (trusted_files.read_plan_record: no link followed, a directory and a file only root may write, at most
+    MAX_JSON_BYTES, one JSON object) and its fields checked as the metrics check them (decide/records)."""
+    plan = trusted_files.read_plan_record(path, PLAN_FILE_FIX)
+    if plan is None:
         raise NumaError("plan file %s does not exist: deploy the service with the inference_service role "
                         "first, or give the JSON that numa-pin explain prints" % path)
-    except (OSError, ValueError) as exc:
-        raise NumaError("cannot read plan file %s (%s): give the JSON that numa-pin explain prints" % (path, exc))
-    if not isinstance(plan, dict):
-        raise NumaError("plan file %s is not a JSON object: give the JSON that numa-pin explain prints" % path)
+    problem = plan_problem(plan)
+    if problem:
+        raise NumaError("refusing the plan file %s: %s; %s" % (path, problem, PLAN_FILE_FIX))
     return plan
 
 

@@ -2,7 +2,9 @@
 trust rule (safe_fs), a JSON record read only when root alone may have written it, a file written whole.
 
 The plan records, the drift state, the textfile and numa_cost's recorded measurement are kept this way: safe_fs walks
-and judges, this module words what it refused as a NumaError naming the path and the fix.
+and judges, this module words what it refused as a NumaError naming the path and the fix. Every reader of the plan
+directory's records (decide/records names them) goes through ``open_plan_directory`` or ``read_plan_record``: one
+trust rule for all of them.
 """
 from __future__ import annotations
 
@@ -103,6 +105,33 @@ def read_record(directory: str, name: str, what: str, rule: safe_fs.TrustRule, f
         return None
     finally:
         os.close(fd)
+
+
+# --- the plan directory's records ------------------------------------------------------------------------
+#
+# One trust rule for every record of the plan directory (decide/records names them): they choose which unit root
+# restarts, what a rollback restores and the plan an audit, which decides rollbacks, judges against. The directory
+# is reached from / without following a link, every directory on the way owned by root (or this user) and writable
+# by no one else, sticky ones too (safe_fs.RECORD_DIR); the record is a regular file opened in it without following
+# a link, that root alone may write, of at most MAX_JSON_BYTES, one JSON object (read_trusted_json).
+PLAN_DIRECTORY = "plan directory"
+
+
+def open_plan_directory(path: str) -> Optional[int]:
+    """A descriptor of the plan directory ``path`` under the plan records' rule, never made: None when it is
+    missing (nothing is deployed). Read its records through it with read_trusted_json, so none is swapped in
+    between the check and the use."""
+    try:
+        return open_checked_directory(path, PLAN_DIRECTORY, safe_fs.RECORD_DIR)
+    except FileNotFoundError:
+        return None
+
+
+def read_plan_record(path: str, fix: str) -> Optional[Dict[str, Any]]:
+    """The JSON object of the plan directory's record at ``path`` (a relative path is the working directory's), or
+    None when it or its directory is missing; NumaError, ending with ``fix``, for one root cannot trust."""
+    path = os.path.abspath(path)
+    return read_record(os.path.dirname(path), os.path.basename(path), PLAN_DIRECTORY, safe_fs.RECORD_DIR, fix)
 
 
 def open_private_directory(path: str, what: str) -> int:

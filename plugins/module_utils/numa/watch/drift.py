@@ -22,6 +22,7 @@ from ..read import audit, systemctl
 from ..system import safe_fs, trusted_files
 from ..base.cpulist import format_cpulist
 from ..base.errors import NumaError, shown
+from ..decide.records import is_count
 
 STATE_DIR = "/var/lib/inferops-numa"
 STATE_NAME = "drift-actions.json"
@@ -64,7 +65,7 @@ def _is_state_entry(entry: Any) -> bool:
     # NaN compares false, so it is no number here; a huge one would overflow the float arithmetic.
     if isinstance(last, bool) or not isinstance(last, (int, float)) or not 0 <= last <= MAX_STATE_SECONDS:
         return False
-    return all(action in metrics.ON_DRIFT[1:] and metrics.is_count(count, MAX_STATE_COUNT)
+    return all(action in metrics.ON_DRIFT[1:] and is_count(count, MAX_STATE_COUNT)
                for action, count in entry["counts"].items())
 
 

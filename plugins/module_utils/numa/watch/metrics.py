@@ -16,16 +16,16 @@ other records in its place, and choose which unit root restarts).
 
 import math
 import os
-import re
 import time
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..read import audit, resctrl, systemctl
 from ..inputs import judging
-from ..system import safe_fs, trusted_files
-from ..base.cpulist import MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
+from ..system import trusted_files
+from ..base.cpulist import format_cpulist, parse_integer
 from ..base.errors import NumaError, shown
-from ..decide.rollout import AB_GATES, AUDIT_RECORD
+from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name, plan_fields, plan_problem,
+                              plan_record_parts, plan_record_unit)
 
 PLAN_DIR = "/etc/inferops-numa"
 ON_DRIFT = ("none", "evict", "restart")
@@ -33,17 +33,6 @@ ON_DRIFT = ("none", "evict", "restart")
 DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
 
-PLAN_SUFFIX = ".plan.json"
-# Every name a record could have, read for the unit it would name: svc@1 and svc@01 both name svc@1.service.
-_RECORD_NAME = re.compile(r"(.*)@([0-9]+)\.plan\.json", re.DOTALL)
-# The names the inference_service role writes: unit_text.unit_prefix's service names, less a leading '-'
-# (systemctl would read the unit as an option), and an index in canonical decimal, so that a unit has
-# one record name and a restart names only <service>@<index>.service of validated parts.
-_SERVICE = re.compile(r"(?!\.\.?$)(?!-)[A-Za-z0-9_.-]{1,200}")
-_INDEX = re.compile(r"0|[1-9][0-9]{0,4}")
-_POLICY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
-MAX_CPULIST_CHARS = 1 << 16
-REDEPLOY = "deploy the service again with the inference_service role"
 
 Snapshot = Dict[str, Any]
 
@@ -98,7 +87,7 @@ def read_records(plan_dir: str, warnings: List[str]) -> List[Dict[str, Any]]:
     cannot be trusted or read, or is misnamed, or names the same unit as another, is left out with a
     warning. Every file is opened in the directory checked, so none can be swapped in between."""
     try:
-        fd = open_record_directory(plan_dir)
+        fd = trusted_files.open_plan_directory(plan_dir)
     except NumaError as exc:
         warnings.append("%s: no instance is measured" % exc)
         return []
@@ -122,9 +111,9 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
     for name in _unambiguous(names, plan_dir, warnings):
         path = os.path.join(plan_dir, name)
         try:
-            service, index = record_unit(name, plan_dir)
+            service, index = plan_record_unit(name, plan_dir)
             written, mtime = trusted_files.read_trusted_json(fd, name, path, REDEPLOY)
-            plan = plan_fields(written, path)
+            plan = _plan(written, path)
             if service not in settings:
                 settings[service] = service_settings(fd, plan_dir, service)
         except NumaError as exc:
@@ -165,8 +154,8 @@ def _unambiguous(names: Sequence[str], plan_dir: str, warnings: List[str]) -> Li
     meant is unknown, so neither is acted on."""
     by_unit = {}  # type: Dict[Tuple[str, int], List[str]]
     for name in names:
-        match = _RECORD_NAME.fullmatch(name)
-        key = (match.group(1), int(match.group(2))) if match else (name, -1)
+        parts = plan_record_parts(name)
+        key = (parts[0], int(parts[1])) if parts else (name, -1)
         by_unit.setdefault(key, []).append(name)
     kept = []
     for (service, index), group in sorted(by_unit.items()):
@@ -179,63 +168,19 @@ def _unambiguous(names: Sequence[str], plan_dir: str, warnings: List[str]) -> Li
     return sorted(kept)
 
 
-def record_unit(name: str, plan_dir: str) -> Tuple[str, int]:
-    """(service, index) of a record named ``<service>@<index>.plan.json`` as the role names it."""
-    match = _RECORD_NAME.fullmatch(name)
-    if not match or not _SERVICE.fullmatch(match.group(1)) or not _INDEX.fullmatch(match.group(2)):
-        raise NumaError("ignoring the plan record %s in %s: not named <service>@<index>%s with a systemd service "
-                        "name (letters, digits, '_', '.', '-', not first) and an index from 0 to 99999 without "
-                        "leading zeros; remove it and %s" % (shown(name), plan_dir, PLAN_SUFFIX, REDEPLOY))
-    return match.group(1), int(match.group(2))
-
-
-def plan_fields(written: Mapping[str, Any], path: str) -> Dict[str, Any]:
-    """The fields of a plan record the metrics show and the audit compares with, each of the type the role
-    writes and in range: a policy name, node and CPU ids, a cpu list. NumaError naming the first that is not."""
-    policy, mem_nodes, cpus, cpulist = (written.get(key) for key in ("policy", "mem_nodes", "cpus", "cpulist"))
-    problem = (_policy_problem(policy) or _ids_problem("mem_nodes", mem_nodes, MAX_NODES)
-               or _ids_problem("cpus", cpus, MAX_CPUS) or _cpulist_problem(cpulist))
+def _plan(written: Mapping[str, Any], path: str) -> Dict[str, Any]:
+    """The fields of a plan record the metrics show and the audit compares with (decide/records.plan_fields);
+    NumaError naming the first that is not as the role writes it."""
+    problem = plan_problem(written)
     if problem:
         raise NumaError("ignoring %s: %s; %s" % (path, problem, REDEPLOY))
-    fields = {"policy": policy or None, "mem_nodes": sorted(set(mem_nodes or [])), "cpulist": cpulist or ""}
-    if cpus:
-        fields["cpus"] = sorted(set(cpus))
-    return fields
-
-
-def _policy_problem(policy: Any) -> str:
-    if policy in (None, "") or (isinstance(policy, str) and _POLICY.fullmatch(policy)):
-        return ""
-    return "policy %s is not a policy name like bind" % shown(policy)
-
-
-def _ids_problem(field: str, ids: Any, limit: int) -> str:
-    if ids is None or (isinstance(ids, list) and all(is_count(item, limit - 1) for item in ids)):
-        return ""
-    return "%s %s is not a list of ids from 0 to %d" % (field, shown(ids), limit - 1)
-
-
-def _cpulist_problem(cpulist: Any) -> str:
-    if cpulist is None:
-        return ""
-    if not isinstance(cpulist, str) or len(cpulist) > MAX_CPULIST_CHARS:
-        return "cpulist %s is not a cpu list of at most %d characters" % (shown(cpulist), MAX_CPULIST_CHARS)
-    try:
-        parse_cpulist(cpulist, MAX_CPUS)
-    except NumaError as exc:
-        return str(exc)
-    return ""
-
-
-def is_count(value: Any, largest: int) -> bool:
-    """A JSON integer from 0 to ``largest`` (true and false are no numbers)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= largest
+    return plan_fields(written)
 
 
 def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any]:
     """``<service>.audit.json`` in the plan directory (the role writes it): how the service is judged and
     what drift does; the role's defaults where there is none."""
-    name = AUDIT_RECORD % service
+    name = audit_record_name(service)
     path = os.path.join(plan_dir, name)
     try:
         written, _mtime = trusted_files.read_trusted_json(plan_fd, name, path, REDEPLOY)
@@ -337,18 +282,3 @@ def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
 
 def _ratio(percent: Optional[float]) -> Optional[float]:
     return None if percent is None else round(percent / 100.0, 4)
-
-
-# --- the plan directory ------------------------------------------------------------------------------
-
-
-def open_record_directory(path: str) -> Optional[int]:
-    """A descriptor of the plan directory ``path``, reached as open_private_directory reaches its own but
-    never made (None when it is missing: nothing is deployed), and refused unless every directory from ``/``
-    to it is owned by root (or this user) and writable by no one else, sticky ones too (safe_fs.RECORD_DIR).
-    The records decide which unit root restarts, so no one else may put another directory in its place,
-    nor another record."""
-    try:
-        return trusted_files.open_checked_directory(path, "plan directory", safe_fs.RECORD_DIR)
-    except FileNotFoundError:
-        return None
