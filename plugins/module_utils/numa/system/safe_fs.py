@@ -199,7 +199,7 @@ def walk(start: str, names: List[str], rule: Optional[TrustRule], create: bool =
         for position in range(len(names) + 1):
             if position:
                 current = os.path.join(current, names[position - 1])
-                child = _step(fd, names[position - 1], current, create_mode)
+                child = step(fd, names[position - 1], current, create_mode)
                 os.close(fd)
                 fd = child
             if rule is None or not (position or judge_start) or (rule.judged == LAST and position < len(names)):
@@ -229,7 +229,7 @@ def open_directory(start: str, names: List[str], rule: Optional[TrustRule], crea
         os.close(fd)
 
 
-def _step(parent: int, name: str, shown: str, create_mode: Optional[int]) -> int:
+def step(parent: int, name: str, shown: str, create_mode: Optional[int]) -> int:
     """The directory ``name`` in ``parent``, made with ``create_mode`` if missing (None: never)."""
     try:
         return _enter(parent, name, shown)
