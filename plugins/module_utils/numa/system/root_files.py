@@ -250,6 +250,17 @@ def remove_directory(directory: int, name: str) -> None:
     os.rmdir(name, dir_fd=directory)
 
 
+def remove_directory_under(root: str, path: str) -> None:
+    """The empty directory ``path`` (relative to ``root``) removed, its parent reached without following a
+    link; OSError (ENOTEMPTY) when it holds anything."""
+    parent, name = posixpath.split(path)
+    directory, _problem, _owner = safe_fs.walk(root, safe_fs.names_of(root, parent), None)
+    try:
+        remove_directory(directory, name)
+    finally:
+        os.close(directory)
+
+
 # ---------------------------------------------------------------- the drop-in trust rule
 
 
