@@ -133,10 +133,11 @@ def open_dir(root: str, path: str, create: bool = False, root_only: bool = False
     return directory
 
 
-def open_in(directory: int, name: str, flags: int, shown: str) -> int:
-    """Descriptor of the regular file ``name`` in ``directory``, never through a symlink (Refused)."""
+def open_in(directory: int, name: str, flags: int, shown: str, mode: int = 0o600) -> int:
+    """Descriptor of the regular file ``name`` in ``directory``, never through a symlink (Refused); ``mode``
+    (less the umask) is the one a file made by O_CREAT in ``flags`` gets."""
     try:
-        handle = os.open(name, flags | safe_fs.NO_FOLLOW, dir_fd=directory)
+        handle = os.open(name, flags | safe_fs.NO_FOLLOW, mode, dir_fd=directory)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise Refused(shown, safe_fs.LINK, "replace the symlink with a regular file", errno.ELOOP) from None
