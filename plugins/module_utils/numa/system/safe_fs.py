@@ -13,10 +13,13 @@ copies in a service's directory (replica), the textfile, the drift state and the
   the target directory's descriptor, synced, renamed over the target, and the directory synced
   (``write_atomically``).
 
-The rules differ between callers on purpose or by history; they are named once, in the table
-below, so that a fix to one is made where all of them are read. What is refused comes back as a
-value (:class:`Distrust`) or an OSError subclass carrying the path (:class:`Refused`,
-:class:`CreateFailed`): each caller words its own one-line message with its own fix.
+The directory rules differ between callers where what the directory holds differs (a service's
+replica directory is its user's, the sysctl.d one root's alone); they are named once, in the table
+below, so that a fix to one is made where all of them are read. system/root_files builds a host's
+files under a root prefix on these walks; other modules write, rename and remove files only through
+the two (tests/unit/test_root_file_layer.py). What is refused comes back as a value (:class:`Distrust`)
+or an OSError subclass carrying the path (:class:`Refused`, :class:`CreateFailed`): each caller words
+its own one-line message with its own fix.
 
 numa-pin exec imports replica (hence this module) at a server start, so ``typing`` is imported
 for type checkers only.
