@@ -1,5 +1,6 @@
-"""balancing.resolve() against the kernel's own answer: a forked child chrooted at a generated tree reports what
-each path resolves to, and resolve() must agree (root only; a refused chroot is a skip that says so)."""
+"""root_files.resolve() (balancing's sysctl.d and tuned lookups) against the kernel's own answer: a forked child
+chrooted at a generated tree reports what each path resolves to, and resolve() must agree (root only; a refused
+chroot is a skip that says so)."""
 import errno
 import json
 import os
@@ -9,7 +10,7 @@ import tempfile
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing as b
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
 
 
 # A tree of a few names where each entry is a directory, a file or a symlink with an arbitrary
@@ -115,10 +116,10 @@ def test_resolve_agrees_with_the_kernel_chrooted_at_root(tree, queries):
         kernel = report["answers"]
         compared = 0
         for query, expected in zip(queries, kernel):
-            resolved = b.resolve(root, "/" + query)
+            resolved = root_files.resolve(root, "/" + query)
             if expected is None:  # a loop: the path is left as given and opening it refuses the link
                 with pytest.raises(OSError):
-                    b.read_config(root, "/" + query)
+                    root_files.read_config(root, "/" + query)
             else:
                 assert resolved == expected, (tree, query)
             compared += 1

@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing as b
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.unit.balancing_fakeroot import FakeRoot
@@ -153,8 +154,8 @@ def test_resolve_keeps_absolute_links_inside_root(tmp_path):
     host = FakeRoot(tmp_path).file("/srv/conf/numa.conf", "kernel.numa_balancing = 1\n")
     host.symlink("/etc/sysctl.d/70-link.conf", "/srv/conf/numa.conf")
     host.symlink("/etc/sysctl.d/71-masked.conf", "/dev/null")
-    assert b.resolve(host.path, "/etc/sysctl.d/70-link.conf") == "/srv/conf/numa.conf"
-    assert b.resolve(host.path, "/etc/sysctl.d/71-masked.conf") == "/dev/null"
+    assert root_files.resolve(host.path, "/etc/sysctl.d/70-link.conf") == "/srv/conf/numa.conf"
+    assert root_files.resolve(host.path, "/etc/sysctl.d/71-masked.conf") == "/dev/null"
 
 
 # ---------------------------------------------------------------- conflicts
@@ -330,7 +331,7 @@ def test_garbage_knob_content_fails_without_echoing_it(host):
 
 
 def _raising_open(errno_value, access=os.O_WRONLY):
-    real_open_under = b.open_under
+    real_open_under = root_files.open_under
 
     def fake(root, path, flags):
         if path.startswith("/proc/sys/") and flags & os.O_ACCMODE == access:
@@ -344,13 +345,13 @@ def _raising_open(errno_value, access=os.O_WRONLY):
     (errno.EINVAL, "Linux >= 5.18"), (errno.EIO, "cannot write")])
 def test_runtime_write_errors_name_the_fix(host, monkeypatch, code, words):
     result = plan(host, state="tiering")
-    monkeypatch.setattr(b, "open_under", _raising_open(code))
+    monkeypatch.setattr(root_files, "open_under", _raising_open(code))
     with pytest.raises(NumaError, match=words.replace(".", r"\.")):
         b.apply_runtime(result)
 
 
 def test_runtime_read_permission_error_names_the_fix(host, monkeypatch):
-    monkeypatch.setattr(b, "open_under", _raising_open(errno.EACCES, os.O_RDONLY))
+    monkeypatch.setattr(root_files, "open_under", _raising_open(errno.EACCES, os.O_RDONLY))
     with pytest.raises(NumaError, match="become: true"):
         plan(host)
 
@@ -363,8 +364,8 @@ def test_write_that_does_not_stick_fails(host, monkeypatch):
 
 
 def test_dropin_errors():
-    assert "become: true" in str(b.dropin_write_error("/x", OSError(errno.EACCES, "Permission denied")))
-    assert "No space" in str(b.dropin_write_error("/x", OSError(errno.ENOSPC, "No space left on device")))
+    assert "become: true" in str(root_files.write_error("/x", OSError(errno.EACCES, "Permission denied")))
+    assert "No space" in str(root_files.write_error("/x", OSError(errno.ENOSPC, "No space left on device")))
 
 
 # ---------------------------------------------------------------- tuned
@@ -596,7 +597,7 @@ def test_a_sysctl_file_linked_out_of_root_is_read_inside_root(inside, outside):
     inside.symlink("/run/sysctl.d", outside.real("/etc/sysctl.d"))
     result = plan(inside)
     assert result.conflicts == [] and result.error is None
-    assert b.resolve(inside.path, "/etc/sysctl.d/90-out.conf") == outside.real("/etc/sysctl.d/keep.conf")
+    assert root_files.resolve(inside.path, "/etc/sysctl.d/90-out.conf") == outside.real("/etc/sysctl.d/keep.conf")
 
 
 def test_tuned_parse_errors_name_the_line_not_its_text(inside):

@@ -8,6 +8,7 @@ import stat
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
 from ansible_collections.inferops.numa.plugins.modules import numa_balancing
 
 from tests.ansible_compat import clear_warnings, patch_module_args
@@ -101,13 +102,13 @@ def test_missing_knob_is_ok_and_writes_nothing(tmp_path, run):
 
 
 def test_permission_error_on_the_knob_fails_with_the_fix(host, run, monkeypatch):
-    real_open_under = balancing.open_under
+    real_open_under = root_files.open_under
 
     def denied(root, path, flags):
         if path.endswith("numa_balancing") and flags & os.O_ACCMODE == os.O_WRONLY:
             raise PermissionError(errno.EACCES, "Permission denied", path)
         return real_open_under(root, path, flags)
-    monkeypatch.setattr(balancing, "open_under", denied)
+    monkeypatch.setattr(root_files, "open_under", denied)
     code, out = run({"root": host.path})
     assert code == 1 and "become: true" in out["msg"] and "Permission denied" in out["msg"]
     assert not host.exists(OURS)

@@ -13,7 +13,7 @@ settings elsewhere that would undo it at boot, and what an active tuned profile 
 to it. The Ansible module turns ``NumaError`` into ``fail_json``.
 
 It runs as root on whatever tree ``root`` names, so nothing under ``root`` is reached
-through a symlink it did not resolve itself (see "files under root" below), and no
+through a symlink it did not resolve itself (system/root_files reaches them all), and no
 error quotes a file's content.
 
 Boot order follows systemd-sysctl (sysctl.d(5)): ``*.conf`` files from /etc/sysctl.d,
@@ -39,7 +39,9 @@ from ..base.errors import NumaError
 from ..base.cpulist import format_cpulist
 from ..read.kernel_files import read_vmstat
 from ..read.topology import memory_tiers
-from ..system.safe_fs import NO_FOLLOW
+from ..system.root_files import (BECOME_FIX, DROPIN_MODE, MAX_TEXT_BYTES, TEMPORARY_PREFIX, Refused, dropin_distrust,
+                                 host_path, is_dir, is_file, open_dir, open_in, read_config, read_handle, read_under,
+                                 refusal, remove, resolve, write_error, write_under)
 
 BALANCING_KEY = "kernel.numa_balancing"
 ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
@@ -49,7 +51,6 @@ STATES = tuple(STATE_VALUES) + ("raw", "auto")
 DROPIN_NAME = "60-inferops-numa.conf"
 DROPIN_DIR = "/etc/sysctl.d"
 DROPIN_PATH = DROPIN_DIR + "/" + DROPIN_NAME
-DROPIN_MODE = 0o644
 SYSCTL_CONF = "/etc/sysctl.conf"
 # Highest precedence first (sysctl.d(5)); /lib is a separate tree on non-merged-/usr systems.
 SYSCTL_DIRS = ("/etc/sysctl.d", "/run/sysctl.d", "/usr/local/lib/sysctl.d", "/usr/lib/sysctl.d", "/lib/sysctl.d")
@@ -64,13 +65,7 @@ TUNED_UNIT_OPTIONS = frozenset(("type", "enabled", "replace", "drop", "devices",
                                 "priority", "script", "include"))
 
 VMSTAT_COUNTERS = ("numa_pte_updates", "numa_hint_faults")
-BECOME_FIX = "run the module as root (become: true)"
-_MAX_SYMLINKS = 40  # the kernel's own limit for one path lookup
-# Far above any sysctl or tuned file; a larger file is not what its name claims, and is not read.
-MAX_CONF_BYTES = 1 << 20
 _MAX_KNOB_BYTES = 4096
-# Hidden and not *.conf: systemd-sysctl ignores a temporary file left by a crash before the rename.
-TEMPORARY_PREFIX = ".inferops-numa-"
 _GLOB_CHARS = re.compile(r"[*?\[]")
 _TRUE_WORDS = frozenset(("1", "true", "yes", "on", "y"))
 _FALSE_WORDS = frozenset(("0", "false", "no", "off", "n"))
@@ -172,11 +167,6 @@ class BalancingPlan(NamedTuple):
 # ---------------------------------------------------------------- paths and keys
 
 
-def host_path(root: str, path: str) -> str:
-    """``path`` (absolute on the target) under the ``root`` prefix."""
-    return os.path.normpath(os.path.join(root, path.lstrip("/")))
-
-
 def knob_file(key: str) -> str:
     """Path of a sysctl's /proc/sys file on the target, e.g. /proc/sys/kernel/numa_balancing."""
     return "/proc/sys/" + key.replace(".", "/")
@@ -245,144 +235,6 @@ def same_value(written: str, wanted: int) -> bool:
         return int(written.split()[0]) == wanted
     except (ValueError, IndexError):
         return False
-
-
-# ---------------------------------------------------------------- files under root
-#
-# ``root`` is the one path taken on trust. Below it every component is opened relative to its
-# parent's descriptor with O_NOFOLLOW (safe_fs.walk), so a symlink planted anywhere under root
-# cannot send a read or a write elsewhere, and a swap between a check and its use fails instead
-# of escaping. Where links are part of the format (sysctl.d, tuned), ``resolve`` follows them
-# itself, inside root, and the result is opened the same way.
-
-# A path this module will not go through: a symlink, a non-regular file, an oversized file.
-RefusedFile = safe_fs.Refused
-
-
-def refusal(exc: RefusedFile, action: str) -> NumaError:
-    """One line: what was refused, which path was wrong, and how to make it right."""
-    return NumaError("refusing to %s: %s; %s" % (action, exc, exc.fix))
-
-
-def _split(path: str) -> List[str]:
-    return [name for name in path.split("/") if name and name != "."]
-
-
-def open_dir(root: str, path: str, create: bool = False, root_only: bool = False) -> int:
-    """Descriptor of directory ``path`` (absolute on the target) under ``root``, without following links.
-
-    ``root_only`` refuses a directory below root that another user may write (safe_fs.SYSCTL_DIR);
-    with it, ``create`` makes missing directories as that rule makes them.
-    """
-    rule = safe_fs.SYSCTL_DIR if root_only else None
-    directory, problem, _owner = safe_fs.open_directory(root, safe_fs.names_of(root, path), rule, create,
-                                                        judge_start=False)
-    if problem:
-        info = problem.info
-        raise RefusedFile(problem.path, "writable by others (owner uid %d, group gid %d, mode %04o)"
-                          % (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)),
-                          "make it owned by root and writable by root only (chmod 0755)")
-    return directory
-
-
-def open_under(root: str, path: str, flags: int) -> int:
-    """Descriptor of the regular file ``path`` under ``root``; no component may be a symlink."""
-    parent, name = posixpath.split(path)
-    full = host_path(root, path)
-    directory = open_dir(root, parent)
-    try:
-        handle = os.open(name, flags | NO_FOLLOW, dir_fd=directory)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise RefusedFile(full, "a symlink", "replace the symlink with a regular file") from None
-        raise OSError(exc.errno, exc.strerror, full) from None
-    finally:
-        os.close(directory)
-    if not stat.S_ISREG(os.fstat(handle).st_mode):
-        os.close(handle)
-        raise RefusedFile(full, "not a regular file", "expected a regular file there")
-    return handle
-
-
-def _read_handle(handle: int, limit: int, path: str) -> str:
-    """All of an open file, decoded; one over ``limit`` bytes is refused rather than cut."""
-    data = b""
-    while len(data) <= limit:
-        chunk = os.read(handle, limit + 1 - len(data))
-        if not chunk:
-            return data.decode("utf-8", "replace")
-        data += chunk
-    raise RefusedFile(path, "larger than %d bytes" % limit, "expected a short text file there")
-
-
-def read_under(root: str, path: str, limit: int = MAX_CONF_BYTES) -> str:
-    handle = open_under(root, path, os.O_RDONLY)
-    try:
-        return _read_handle(handle, limit, host_path(root, path))
-    finally:
-        os.close(handle)
-
-
-def lstat_under(root: str, path: str) -> Optional[os.stat_result]:
-    """The entry ``path`` under ``root`` itself (a symlink is not followed); None when unreachable."""
-    parent, name = posixpath.split(path)
-    try:
-        directory = open_dir(root, parent)
-    except OSError:
-        return None
-    try:
-        return os.stat(name, dir_fd=directory, follow_symlinks=False)
-    except OSError:
-        return None
-    finally:
-        os.close(directory)
-
-
-def resolve(root: str, path: str) -> str:
-    """Root-relative path that ``path`` names once its symlinks are followed inside ``root``.
-
-    Absolute link targets start again at root and '..' stops there, as for a process chrooted
-    at root, so a link never leads into the host's own files. Links that loop leave ``path``
-    as given: opening it then fails on the link.
-    """
-    pending = _split(path)[::-1]
-    resolved = []  # type: List[str]
-    hops = 0
-    while pending:
-        name = pending.pop()
-        if name == "..":
-            resolved = resolved[:-1]
-            continue
-        try:
-            target = os.readlink(os.path.join(root, *resolved, name))
-        except OSError:  # not a symlink, or not there: the name stands as it is
-            resolved.append(name)
-            continue
-        hops += 1
-        if hops > _MAX_SYMLINKS:
-            return path
-        if target.startswith("/"):
-            resolved = []
-        pending.extend(_split(target)[::-1])
-    return "/" + "/".join(resolved)
-
-
-def read_config(root: str, path: str) -> str:
-    """A configuration file under ``root``, its symlinks followed inside root (OSError when unreadable)."""
-    return read_under(root, resolve(root, path))
-
-
-def _is_kind(root: str, path: str, is_kind: Callable[[int], bool]) -> bool:
-    info = lstat_under(root, resolve(root, path))
-    return info is not None and is_kind(info.st_mode)
-
-
-def is_file(root: str, path: str) -> bool:
-    return _is_kind(root, path, stat.S_ISREG)
-
-
-def is_dir(root: str, path: str) -> bool:
-    return _is_kind(root, path, stat.S_ISDIR)
 
 
 # ---------------------------------------------------------------- sysctl.d parsing
@@ -683,7 +535,7 @@ def read_runtime(root: str, key: str) -> Optional[int]:
         text = read_under(root, knob_file(key), _MAX_KNOB_BYTES)
     except FileNotFoundError:
         return None
-    except RefusedFile as exc:
+    except Refused as exc:
         raise refusal(exc, "read %s from %s" % (key, path)) from None
     except PermissionError as exc:
         raise NumaError("cannot read %s (%s): %s" % (path, exc.strerror, BECOME_FIX)) from None
@@ -696,8 +548,8 @@ def read_runtime(root: str, key: str) -> Optional[int]:
                         "Linux host?" % (path, root)) from None
 
 
-def _write_error(path: str, key: str, value: int, exc: OSError) -> NumaError:
-    if isinstance(exc, RefusedFile):
+def _knob_write_error(path: str, key: str, value: int, exc: OSError) -> NumaError:
+    if isinstance(exc, Refused):
         return refusal(exc, "write %s to %s" % (key, path))
     if exc.errno in (errno.EACCES, errno.EPERM):
         return NumaError("cannot write %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
@@ -713,13 +565,9 @@ def _write_error(path: str, key: str, value: int, exc: OSError) -> NumaError:
 def write_runtime(root: str, key: str, value: int) -> None:
     path = knob_path(root, key)
     try:
-        handle = open_under(root, knob_file(key), os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(handle, b"%d\n" % value)
-        finally:
-            os.close(handle)
+        write_under(root, knob_file(key), b"%d\n" % value)
     except OSError as exc:
-        raise _write_error(path, key, value, exc) from None
+        raise _knob_write_error(path, key, value, exc) from None
     now = read_runtime(root, key)
     if now != value:
         raise NumaError("wrote %d to %s but the kernel reports %s: something rewrites it, see the tuned and "
@@ -735,21 +583,11 @@ def apply_runtime(plan: BalancingPlan) -> None:
 # ---------------------------------------------------------------- the drop-in
 
 
-def dropin_write_error(path: str, exc: OSError) -> NumaError:
-    if isinstance(exc, RefusedFile):
-        return refusal(exc, "write " + path)
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-        return NumaError("cannot write %s (%s): %s" % (path, exc.strerror, BECOME_FIX))
-    return NumaError("cannot write %s (%s)" % (path, exc.strerror or exc))
-
-
-def _untrusted_because(info: os.stat_result) -> Optional[str]:
-    """Why a regular file at the drop-in's path is not one that root may apply at boot, or None."""
-    if info.st_uid != os.geteuid():
-        return "owned by uid %d" % info.st_uid
-    if stat.S_IMODE(info.st_mode) != DROPIN_MODE:
-        return "mode %04o, not %04o" % (stat.S_IMODE(info.st_mode), DROPIN_MODE)
-    return None
+def _flaw(info: os.stat_result) -> Optional[str]:
+    """Why a regular file at the drop-in's path must be rewritten even with the right text, or None: not
+    trusted (root_files.dropin_distrust), or trusted but not with the mode this module writes."""
+    mode = stat.S_IMODE(info.st_mode)
+    return dropin_distrust(info) or (None if mode == DROPIN_MODE else "mode %04o, not %04o" % (mode, DROPIN_MODE))
 
 
 def _inspect_entry(root: str, directory: int) -> Dropin:
@@ -763,11 +601,11 @@ def _inspect_entry(root: str, directory: int) -> Dropin:
         # Not read through: what it points to is not ours to show in a diff.
         return Dropin(None, "a symlink to %r" % os.readlink(DROPIN_NAME, dir_fd=directory), False)
     if not stat.S_ISREG(info.st_mode):
-        raise RefusedFile(host_path(root, DROPIN_PATH), "not a regular file", "move it away; the drop-in goes there")
-    handle = os.open(DROPIN_NAME, os.O_RDONLY | NO_FOLLOW, dir_fd=directory)
+        raise Refused(host_path(root, DROPIN_PATH), "not a regular file", "move it away; the drop-in goes there")
+    handle = open_in(directory, DROPIN_NAME, os.O_RDONLY, host_path(root, DROPIN_PATH))
     try:
-        content = _read_handle(handle, MAX_CONF_BYTES, host_path(root, DROPIN_PATH))
-        return Dropin(content, _untrusted_because(os.fstat(handle)), False)
+        content = read_handle(handle, MAX_TEXT_BYTES, host_path(root, DROPIN_PATH))
+        return Dropin(content, _flaw(os.fstat(handle)), False)
     finally:
         os.close(handle)
 
@@ -781,7 +619,7 @@ def inspect_dropin(root: str) -> Dropin:
         return _inspect_entry(root, directory)
     except FileNotFoundError:
         return Dropin(None, None, False)
-    except RefusedFile as exc:
+    except Refused as exc:
         raise refusal(exc, "use " + path) from None
     except OSError as exc:
         fix = ": " + BECOME_FIX if exc.errno in (errno.EACCES, errno.EPERM) else ""
@@ -803,7 +641,7 @@ def _replace_dropin(directory: int, text: str) -> None:
 
 def _remove_dropin(directory: int) -> None:
     try:
-        os.unlink(DROPIN_NAME, dir_fd=directory)
+        remove(directory, DROPIN_NAME)
     except FileNotFoundError:
         pass
 
@@ -814,7 +652,7 @@ def write_dropin(plan: BalancingPlan) -> None:
     try:
         directory = open_dir(plan.root, DROPIN_DIR, create=plan.dropin_after is not None, root_only=True)
     except OSError as exc:
-        raise dropin_write_error(path, exc) from None
+        raise write_error(path, exc) from None
     try:
         if plan.dropin_after is None:
             _remove_dropin(directory)
@@ -822,7 +660,7 @@ def write_dropin(plan: BalancingPlan) -> None:
             _replace_dropin(directory, plan.dropin_after)
         os.fsync(directory)  # the rename itself must survive a crash, or boot finds the old file
     except OSError as exc:
-        raise dropin_write_error(path, exc) from None
+        raise write_error(path, exc) from None
     finally:
         os.close(directory)
 

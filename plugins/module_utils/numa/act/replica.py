@@ -42,7 +42,7 @@ import os
 import pwd
 import stat
 
-from ..system import safe_fs
+from ..system import root_files, safe_fs
 from ..base.errors import NumaError
 from ..system.safe_fs import READ_FLAGS
 
@@ -293,15 +293,14 @@ def _refresh(model: int, source: os.stat_result, node: int, target: str) -> bool
 
 
 def _open_lock(node: int, directory: str) -> int:
+    shown = os.path.join(directory, LOCK_NAME)
     try:
-        lock = os.open(LOCK_NAME, READ_FLAGS | os.O_CREAT, 0o640, dir_fd=node)
+        return root_files.open_in(node, LOCK_NAME, os.O_RDONLY | os.O_NOCTTY | os.O_CREAT, shown, 0o640)
+    except safe_fs.Refused as exc:
+        raise NumaError("refusing the lock %s: it is %s; remove it" % (shown, exc.found)) from None
     except OSError as exc:
-        raise NumaError("cannot open the lock %s/%s: %s; remove it if it is not a regular file, and let the "
-                        "service's user write %s" % (directory, LOCK_NAME, exc.strerror, directory)) from None
-    if not stat.S_ISREG(os.fstat(lock).st_mode):
-        os.close(lock)
-        raise NumaError("refusing the lock %s/%s: it is not a regular file; remove it" % (directory, LOCK_NAME))
-    return lock
+        raise NumaError("cannot open the lock %s: %s; let the service's user write %s"
+                        % (shown, exc.strerror, directory)) from None
 
 
 def _free_bytes(node: int) -> int:
@@ -325,7 +324,7 @@ def _remove_partials(node: int) -> int:
         try:
             info = os.stat(name, dir_fd=node, follow_symlinks=False)
             if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid():
-                os.unlink(name, dir_fd=node)
+                root_files.remove(node, name)
                 freed += info.st_blocks * 512  # st_blocks counts 512-byte units
         except OSError:
             continue

@@ -14,7 +14,7 @@ Monitor IDs (RMIDs) are few (``info/L3_MON/num_rmids``, a few dozen to a few hun
 instance takes the same group again, and a group of a unit no longer recorded is removed once empty.
 
 Only monitor groups this module names are ever made, written to or removed. Each is reached from the
-resctrl directory a name at a time without following a link.
+resctrl directory a name at a time without following a link (system/root_files, as every file root writes).
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import Any, List, Mapping, Sequence, Set, Tuple
 
 from ..read import resctrl
 from ..read.resctrl import Group, Hierarchy
+from ..system import root_files, safe_fs
 
 GROUP_PREFIX = "inferops-numa."
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_TASKS_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Made only where asked: in resctrl's file system a directory made is a group, and takes a monitor ID.
+GROUP_MODE = 0o755
 UNIT_SUFFIX = ".service"
 
 
@@ -46,7 +47,7 @@ def adopt(instances: Sequence[Mapping[str, Any]], recorded_units: Sequence[str],
     if hierarchy is None:
         return [], set()
     try:
-        top = os.open(os.path.join(root, resctrl.RESCTRL), _DIR_FLAGS)
+        top, _problem, _owner = safe_fs.walk(root, safe_fs.names_of(root, resctrl.RESCTRL), None)
     except OSError as exc:
         return ["resctrl: cannot open %s (%s): no instance's memory bandwidth is measured"
                 % (os.path.join(root, resctrl.RESCTRL), exc.strerror)], set()
@@ -58,7 +59,7 @@ def adopt(instances: Sequence[Mapping[str, Any]], recorded_units: Sequence[str],
                 if line:
                     lines.append(line)
                     changed.add(entry["unit"])
-        lines.extend(_remove_unrecorded(top, hierarchy, set(recorded_units)))
+        lines.extend(_remove_unrecorded(top, root, hierarchy, set(recorded_units)))
     finally:
         os.close(top)
     return lines, changed
@@ -77,12 +78,12 @@ def _adopt_instance(top: int, root: str, hierarchy: Hierarchy, entry: Mapping[st
         return ""  # a control group of its own: counted already
     made = target not in hierarchy.tasks
     try:
-        group_fd = _open_group(top, target.path, make=made)
+        group_fd = _open_group(top, root, target.path, make=made)
     except OSError as exc:
         return "resctrl: %s: cannot make monitor group %s: %s; its memory bandwidth is not measured" % (
             unit, target.path, _why(exc))
     try:
-        moved, problem = _move(group_fd, _to_move(hierarchy, target, threads))
+        moved, problem = _move(group_fd, _to_move(hierarchy, target, threads), _shown(root, target.path))
     finally:
         os.close(group_fd)
     if not (made or moved or problem):
@@ -101,12 +102,13 @@ def _to_move(hierarchy: Hierarchy, target: Group, threads: Set[int]) -> List[int
     return moving
 
 
-def _move(group_fd: int, tids: Sequence[int]) -> Tuple[int, str]:
+def _move(group_fd: int, tids: Sequence[int], shown: str) -> Tuple[int, str]:
     """(How many of ``tids`` the group's ``tasks`` took, the problem that stopped the rest or "")."""
     if not tids:
         return 0, ""
     try:
-        tasks = os.open("tasks", _TASKS_FLAGS, dir_fd=group_fd)
+        # O_APPEND: each write moves one task, as the kernel's interface reads them.
+        tasks = root_files.open_in(group_fd, "tasks", os.O_WRONLY | os.O_APPEND, os.path.join(shown, "tasks"))
     except OSError as exc:
         return 0, "cannot open its tasks file: %s" % _why(exc)
     moved = 0
@@ -123,7 +125,7 @@ def _move(group_fd: int, tids: Sequence[int]) -> Tuple[int, str]:
     return moved, ""
 
 
-def _remove_unrecorded(top: int, hierarchy: Hierarchy, recorded_units: Set[str]) -> List[str]:
+def _remove_unrecorded(top: int, root: str, hierarchy: Hierarchy, recorded_units: Set[str]) -> List[str]:
     lines = []
     recorded_names = set(group_name(unit) for unit in recorded_units)
     for group, tasks in sorted(hierarchy.tasks.items()):
@@ -133,11 +135,11 @@ def _remove_unrecorded(top: int, hierarchy: Hierarchy, recorded_units: Set[str])
         if name in recorded_names:
             continue  # a stopped instance: it takes its group again at its next start
         try:
-            parent_fd = _open_group(top, parent, make=False)
+            parent_fd = _open_group(top, root, parent, make=False)
         except OSError:
             continue
         try:
-            os.rmdir(name, dir_fd=parent_fd)
+            root_files.remove_directory(parent_fd, name)
             lines.append("resctrl: removed the empty monitor group %s: no unit of that name is deployed" % group.path)
         except OSError as exc:
             lines.append("resctrl: cannot remove the empty monitor group %s: %s" % (group.path, _why(exc)))
@@ -146,24 +148,16 @@ def _remove_unrecorded(top: int, hierarchy: Hierarchy, recorded_units: Set[str])
     return lines
 
 
-def _open_group(top: int, path: str, make: bool) -> int:
+def _open_group(top: int, root: str, path: str, make: bool) -> int:
     """A descriptor of the group directory ``path`` under resctrl's (``top``), each name opened from its parent
-    without following a link; with ``make`` its last name is made first (kept when it exists)."""
-    fd = os.dup(top)
+    without following a link; with ``make`` its last name is made when missing (never one before it)."""
     names = [name for name in path.split("/") if name]
-    try:
-        for position, name in enumerate(names):
-            if make and position == len(names) - 1:
-                try:
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                except FileExistsError:
-                    pass
-            parent, fd = fd, os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(parent)
-    except OSError:
-        os.close(fd)
-        raise
-    return fd
+    return root_files.open_below(top, names, _shown(root, ""), GROUP_MODE if make else None)
+
+
+def _shown(root: str, path: str) -> str:
+    """The group ``path`` as messages name it."""
+    return os.path.join(root, resctrl.RESCTRL, path)
 
 
 def _why(exc: OSError) -> str:

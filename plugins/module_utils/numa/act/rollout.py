@@ -51,7 +51,7 @@ from ..decide.rollout import Change, Found, Service, decide, previous_texts, rej
 from ..read.audit import UnitAudit, audit_units
 from ..read.kernel_files import printable
 from ..read.systemctl import CommandRunner, show_units
-from ..system import safe_fs
+from ..system import root_files, safe_fs
 
 POLL_SECONDS = 2.0
 # A readiness probe's whole budget (connect, request, answer), within what is left of ready_seconds.
@@ -446,7 +446,7 @@ def remove_baseline_drop_in(root: str, unit: str) -> Optional[str]:
     except OSError as exc:
         return "the unbound baseline's drop-in of %s not removed: %s" % (unit, exc)
     try:
-        os.unlink(BASELINE_DROP_IN, dir_fd=fd)
+        root_files.remove(fd, BASELINE_DROP_IN)
     except FileNotFoundError:
         pass
     except OSError as exc:
@@ -454,7 +454,7 @@ def remove_baseline_drop_in(root: str, unit: str) -> Optional[str]:
     finally:
         os.close(fd)
     try:
-        os.rmdir(os.path.join(root, _baseline_directory(root, unit)))
+        root_files.remove_directory_under(root, _baseline_directory(root, unit))
     except OSError:
         pass  # not empty: someone else's drop-ins are there too
     return None

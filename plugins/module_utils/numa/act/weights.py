@@ -5,20 +5,20 @@ module reads what the kernel has now and the one file the collection owns for th
 (``/etc/tmpfiles.d/60-inferops-numa-weights.conf``: ``w`` lines that systemd-tmpfiles-setup writes to sysfs at boot,
 before any service starts), and returns a ``WeightsPlan``; ``apply`` then changes only what differs.
 
-Files under ``root`` are reached as balancing.py reaches them: never through a symlink, the drop-in's directories
-writable by root only.
+Files under ``root`` are reached through system/root_files, as balancing.py reaches them: never through a symlink,
+the drop-in's directories writable by root only, the drop-in trusted by the same rule as balancing's.
 """
 
 import errno
 import os
-import stat
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from . import balancing, cost
+from . import cost
 from ..base.errors import NumaError
 from ..decide import weights as choice
 from ..read import topology
-from ..system import safe_fs
+from ..system import root_files, safe_fs
+from ..system.root_files import BECOME_FIX, DROPIN_MODE, TEMPORARY_PREFIX, Refused, host_path, refusal, write_error
 
 SOURCES = ("auto",) + choice.SOURCES
 RECORD_DIR = cost.RECORD_DIR
@@ -26,7 +26,6 @@ WEIGHTS_DIR = "/sys/kernel/mm/mempolicy/weighted_interleave"
 DROPIN_DIR = "/etc/tmpfiles.d"
 DROPIN_NAME = "60-inferops-numa-weights.conf"
 DROPIN_PATH = DROPIN_DIR + "/" + DROPIN_NAME
-DROPIN_MODE = 0o644
 _MAX_FILE_BYTES = 1 << 16
 
 
@@ -148,52 +147,52 @@ def dropin_text(source: str, desired: Dict[int, int], auto: Optional[bool]) -> s
 
 def read_dropin(root: str) -> Optional[str]:
     """The drop-in's text, None when there is none; refused when it or its directories are not root's alone."""
-    path = balancing.host_path(root, DROPIN_PATH)
+    path = host_path(root, DROPIN_PATH)
     try:
-        directory = balancing.open_dir(root, DROPIN_DIR, root_only=True)
+        directory = root_files.open_dir(root, DROPIN_DIR, root_only=True)
     except FileNotFoundError:
         return None
-    except balancing.RefusedFile as exc:
-        raise balancing.refusal(exc, "use " + path) from None
+    except Refused as exc:
+        raise refusal(exc, "use " + path) from None
     try:
-        handle = os.open(DROPIN_NAME, os.O_RDONLY | safe_fs.NO_FOLLOW, dir_fd=directory)
+        handle = root_files.open_in(directory, DROPIN_NAME, os.O_RDONLY, path)
     except FileNotFoundError:
         return None
+    except Refused as exc:
+        raise NumaError("refusing to use %s: %s; remove it, numa_weights writes the file there"
+                        % (path, exc.found)) from None
     except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise NumaError("refusing to use %s: a symlink; remove it, numa_weights writes the file there" % path)
         raise NumaError("cannot read %s (%s)" % (path, exc.strerror)) from None
     finally:
         os.close(directory)
     try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-            raise NumaError("refusing to use %s: not a regular file that only root may write; remove it, numa_weights "
-                            "writes the file there" % path)
-        data = os.read(handle, _MAX_FILE_BYTES + 1)
+        # Judged through the descriptor read: what was judged is what is used.
+        distrust = root_files.dropin_distrust(os.fstat(handle))
+        if distrust:
+            raise NumaError("refusing to use %s: %s (a drop-in is trusted when root alone may write it); remove it, "
+                            "numa_weights writes the file there" % (path, distrust))
+        return root_files.read_handle(handle, _MAX_FILE_BYTES, path)
+    except Refused as exc:
+        raise NumaError("refusing to use %s: %s; remove it" % (path, exc.found)) from None
     finally:
         os.close(handle)
-    if len(data) > _MAX_FILE_BYTES:
-        raise NumaError("refusing to use %s: larger than %d bytes; remove it" % (path, _MAX_FILE_BYTES))
-    return data.decode("utf-8", "replace")
 
 
 def _write_dropin(plan: WeightsPlan) -> None:
-    path = balancing.host_path(plan.root, DROPIN_PATH)
+    path = host_path(plan.root, DROPIN_PATH)
     try:
-        directory = balancing.open_dir(plan.root, DROPIN_DIR, create=plan.dropin_after is not None, root_only=True)
+        directory = root_files.open_dir(plan.root, DROPIN_DIR, create=plan.dropin_after is not None, root_only=True)
     except OSError as exc:
-        raise balancing.dropin_write_error(path, exc) from None
+        raise write_error(path, exc) from None
     try:
         if plan.dropin_after is None:
             safe_fs.remove_quietly(directory, DROPIN_NAME)
             os.fsync(directory)
         else:
-            # Hidden and not *.conf: systemd-tmpfiles ignores a temporary file a crash left behind.
             safe_fs.write_atomically(directory, DROPIN_NAME, plan.dropin_after.encode("utf-8"), DROPIN_MODE,
-                                     balancing.TEMPORARY_PREFIX)
+                                     TEMPORARY_PREFIX)
     except OSError as exc:
-        raise balancing.dropin_write_error(path, exc) from None
+        raise write_error(path, exc) from None
     finally:
         os.close(directory)
 
@@ -202,17 +201,13 @@ def _write_dropin(plan: WeightsPlan) -> None:
 
 
 def _write_knob(root: str, name: str, text: str) -> None:
-    path = balancing.host_path(root, "%s/%s" % (WEIGHTS_DIR, name))
+    path = host_path(root, "%s/%s" % (WEIGHTS_DIR, name))
     try:
-        handle = balancing.open_under(root, "%s/%s" % (WEIGHTS_DIR, name), os.O_WRONLY | os.O_TRUNC)
-        try:
-            os.write(handle, text.encode("ascii") + b"\n")
-        finally:
-            os.close(handle)
-    except balancing.RefusedFile as exc:
-        raise balancing.refusal(exc, "write " + path) from None
+        root_files.write_under(root, "%s/%s" % (WEIGHTS_DIR, name), text.encode("ascii") + b"\n")
+    except Refused as exc:
+        raise refusal(exc, "write " + path) from None
     except OSError as exc:
-        fix = balancing.BECOME_FIX if exc.errno in (errno.EACCES, errno.EPERM) else "check the kernel's weighted interleave"
+        fix = BECOME_FIX if exc.errno in (errno.EACCES, errno.EPERM) else "check the kernel's weighted interleave"
         raise NumaError("cannot write %s to %s (%s): %s" % (text, path, exc.strerror or exc, fix)) from None
 
 
@@ -253,7 +248,7 @@ def result(plan: WeightsPlan, check_mode: bool) -> Dict[str, Any]:
 
 def diff(plan: WeightsPlan) -> List[Dict[str, str]]:
     """Ansible diff entries: the drop-in, then the kernel's weights."""
-    runtime = balancing.host_path(plan.root, WEIGHTS_DIR) + " (runtime)"
+    runtime = host_path(plan.root, WEIGHTS_DIR) + " (runtime)"
     shown_before = "".join("node%d = %d\n" % item for item in sorted(plan.before.items()))
     after = dict(plan.before)
     after.update(plan.desired)

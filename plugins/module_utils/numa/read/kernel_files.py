@@ -16,7 +16,8 @@ every path inside it as a chroot would (hwloc opens relative to a root fd the sa
 way), opens nothing before knowing it is a regular file (or a directory to list), never
 blocks on a FIFO and reads a bounded amount. The kernel does the resolving in one call
 where it can (openat2's RESOLVE_IN_ROOT, Linux 5.6); elsewhere Root walks the path from
-the root fd a name at a time.
+the root fd a name at a time, its links followed by system/root_files.follow_links (the
+package's one in-root resolver, which balancing's sysctl.d and tuned lookups use too).
 
 A warning that quotes what a file holds quotes :func:`excerpt` of it: a few characters,
 printable ASCII, and nothing of a file that not every user may read.
@@ -34,6 +35,7 @@ import stat
 from ..base.cpulist import is_kernel_number, parse_integer
 from ..base.errors import NumaError
 from ..system.kernel import has_open_in_root, open_in_root
+from ..system.root_files import follow_links
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,8 +53,6 @@ MAX_FILE_BYTES = 1 << 20
 # /proc/<pid>/maps: vm.max_map_count (65530 by default) lines of up to ~100 bytes, and more
 # where the count is raised for databases.
 MAX_MAPS_BYTES = 64 << 20
-# The kernel's own limit on symbolic links followed in one lookup (MAXSYMLINKS).
-MAX_SYMLINKS = 40
 # Directory fds kept open while reading a tree: reads cluster by directory, and a
 # process may have no more than 1024 fds in all.
 _OPEN_DIRS = 64
@@ -165,40 +165,36 @@ class Root:
             os.close(path_fd)
 
     def _lookup(self, rel: str, want_directory: Optional[bool]) -> int:
-        """An fd for ``rel`` resolved inside the root: a cached directory's (``want_directory``),
-        a newly opened regular file's (not ``want_directory``), either (None, for exists)."""
-        pending = _components(rel)
-        here = ""  # the path from the root of the directory reached so far, free of links
-        links = 0
-        while pending:
-            name = pending.pop()
-            if name == "..":
-                here = here.rpartition("/")[0]
-                continue
+        """An fd for ``rel`` resolved inside the root (root_files.follow_links): a cached directory's
+        (``want_directory``), a newly opened regular file's (not ``want_directory``), either (None, for exists)."""
+        last = []  # type: List[Tuple[int, str, int]]  # (parent fd, name, st_mode) of the last name that is no link
+
+        def link_target(parents: List[str], name: str) -> Optional[str]:
+            here = "/".join(parents)  # the path from the root of the directory reached so far, free of links
             path = here + "/" + name if here else name
             if path in self._dirs:
-                here = path
-                continue
+                return None
+            if last and not stat.S_ISDIR(last[0][2]):
+                raise OSError(errno.ENOTDIR, "%s is not a directory" % here)
             parent = self._dir_fd(here)
             mode = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
             if stat.S_ISLNK(mode):
-                links += 1
-                if links > MAX_SYMLINKS:
-                    raise OSError(errno.ELOOP, "more than %d symbolic links: a link loop" % MAX_SYMLINKS)
-                target = os.readlink(name, dir_fd=parent)
-                here = "" if target.startswith("/") else here
-                pending.extend(_components(target))
-            elif stat.S_ISDIR(mode):
+                return os.readlink(name, dir_fd=parent)
+            if stat.S_ISDIR(mode):
                 self._remember(path, os.open(name, _DIR_FLAGS, dir_fd=parent))
-                here = path
-            elif pending or want_directory:
-                raise OSError(errno.ENOTDIR, "%s is not a directory" % path)
-            else:
-                _check_regular(mode)
-                return os.open(name, _READ_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
-        if want_directory is False:
-            raise OSError(errno.EISDIR, "a directory, not a file")
-        return self._dir_fd(here)
+            last[:] = [(parent, name, mode)]
+            return None
+
+        path = "/".join(follow_links(rel, link_target))
+        if not path or path in self._dirs:
+            if want_directory is False:
+                raise OSError(errno.EISDIR, "a directory, not a file")
+            return self._dir_fd(path)
+        if want_directory:
+            raise OSError(errno.ENOTDIR, "%s is not a directory" % path)
+        parent, name, mode = last[0]
+        _check_regular(mode)
+        return os.open(name, _READ_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
 
     def _dir_fd(self, here: str) -> int:
         return self._dirs[here] if here else self._root_fd  # type: ignore[return-value]
@@ -207,11 +203,6 @@ class Root:
         if len(self._dirs) >= _OPEN_DIRS:
             os.close(self._dirs.pop(next(iter(self._dirs))))  # the oldest: reads move on by directory
         self._dirs[path] = fd
-
-
-def _components(path: str) -> List[str]:
-    """The names of ``path`` last first (a stack to pop), without the empty and "." ones."""
-    return [name for name in reversed(path.split("/")) if name not in ("", ".")]
 
 
 def _open_own_fds() -> Optional[int]:

@@ -13,10 +13,13 @@ copies in a service's directory (replica), the textfile, the drift state and the
   the target directory's descriptor, synced, renamed over the target, and the directory synced
   (``write_atomically``).
 
-The rules differ between callers on purpose or by history; they are named once, in the table
-below, so that a fix to one is made where all of them are read. What is refused comes back as a
-value (:class:`Distrust`) or an OSError subclass carrying the path (:class:`Refused`,
-:class:`CreateFailed`): each caller words its own one-line message with its own fix.
+The directory rules differ between callers where what the directory holds differs (a service's
+replica directory is its user's, the sysctl.d one root's alone); they are named once, in the table
+below, so that a fix to one is made where all of them are read. system/root_files builds a host's
+files under a root prefix on these walks; other modules write, rename and remove files only through
+the two (tests/unit/test_root_file_layer.py). What is refused comes back as a value (:class:`Distrust`)
+or an OSError subclass carrying the path (:class:`Refused`, :class:`CreateFailed`): each caller words
+its own one-line message with its own fix.
 
 numa-pin exec imports replica (hence this module) at a server start, so ``typing`` is imported
 for type checkers only.
@@ -199,7 +202,7 @@ def walk(start: str, names: List[str], rule: Optional[TrustRule], create: bool =
         for position in range(len(names) + 1):
             if position:
                 current = os.path.join(current, names[position - 1])
-                child = _step(fd, names[position - 1], current, create_mode)
+                child = step(fd, names[position - 1], current, create_mode)
                 os.close(fd)
                 fd = child
             if rule is None or not (position or judge_start) or (rule.judged == LAST and position < len(names)):
@@ -229,7 +232,7 @@ def open_directory(start: str, names: List[str], rule: Optional[TrustRule], crea
         os.close(fd)
 
 
-def _step(parent: int, name: str, shown: str, create_mode: Optional[int]) -> int:
+def step(parent: int, name: str, shown: str, create_mode: Optional[int]) -> int:
     """The directory ``name`` in ``parent``, made with ``create_mode`` if missing (None: never)."""
     try:
         return _enter(parent, name, shown)
