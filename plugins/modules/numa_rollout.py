@@ -255,7 +255,8 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Deployment, Host, Instance, Options, deploy
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC, health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PENDING, Service
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.records import PENDING
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec

@@ -15,11 +15,7 @@ PACKAGE = os.path.join(REPO, "plugins", "module_utils", "numa")
 # The layer itself: the only modules that make these calls.
 LAYER = frozenset(("system/safe_fs.py", "system/root_files.py"))
 # (module, call) made raw outside the layer, each for a reason written beside it.
-ALLOWED = {
-    # Its one unlink is already relative to a directory descriptor opened by safe_fs; the module is being rewritten
-    # in the plan-records branch at the same time, and moves to root_files.remove once that has landed.
-    ("act/change_files.py", "os.unlink"),
-}
+ALLOWED = frozenset()  # type: frozenset  # none today
 # os functions that change what a path names.
 PATH_CHANGES = frozenset(("rename", "renames", "replace", "mkdir", "makedirs", "symlink", "link", "unlink", "remove",
                           "rmdir", "removedirs", "truncate", "mkfifo", "mknod"))

@@ -24,7 +24,7 @@ import time
 from ..base.errors import NumaError, shown
 from ..decide.records import AB_GATES, PENDING, rejected_record_name
 from ..decide.rollout import Found
-from ..system import safe_fs, trusted_files
+from ..system import root_files, safe_fs, trusted_files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ def write_files(texts: Mapping[str, Optional[str]]) -> List[str]:
 def _write(directory: int, name: str, text: Optional[str], mode: int = FILE_MODE) -> Optional[str]:
     try:
         if text is None:
-            os.unlink(name, dir_fd=directory)
+            root_files.remove(directory, name)
         else:
             safe_fs.write_atomically(directory, name, text.encode("utf-8"), mode, ".%s." % name)
     except FileNotFoundError:

@@ -46,7 +46,7 @@ from .change_files import (Pending, merge_verdicts, read_found, read_pending, re
                            write_files, write_pending, write_rejected)
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
-from ..decide.records import PENDING
+from ..decide.records import PENDING, rejected_record_name
 from ..decide.rollout import Change, Found, Service, decide, previous_texts, rejected_record
 from ..read.audit import UnitAudit, audit_units
 from ..read.kernel_files import printable
@@ -559,8 +559,8 @@ class _Report:
 
     def _notes(self) -> List[str]:
         notes = ["%s: this change is not tried again: its A/B gate rolled it back before (ab-gates.json has the "
-                 "figures); change the service, or remove %s.rejected.json from the plan directory, to measure it "
-                 "again" % (change.service, change.service) for change in self.changes if change.held]
+                 "figures); change the service, or remove %s from the plan directory, to measure it "
+                 "again" % (change.service, rejected_record_name(change.service)) for change in self.changes if change.held]
         if self.earlier is not None:
             notes.insert(0, "an earlier change nobody judged was taken back first (%s)" % (
                 "; ".join("%s %s" % item for item in sorted(self.taken_back.items())) or "no instance touched"

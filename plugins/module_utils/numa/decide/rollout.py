@@ -24,8 +24,6 @@ import os
 from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from .records import audit_record_name, plan_record_name, plan_record_parts
-# The module numa_rollout still imports PENDING from here; its home is decide/records.
-from .records import PENDING  # noqa: F401
 
 # The drop-in of an instance's placement in pin_mode systemd (the role's numa-placement.conf.j2).
 PLACEMENT_DROP_IN = "50-inferops-numa.conf"
