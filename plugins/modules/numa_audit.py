@@ -87,6 +87,9 @@ options:
     description:
       - A JSON file holding the plan, such as C(/etc/inferops-numa/llama@1.plan.json) written by the
         C(inferops.numa.inference_service) role. Read on the managed host.
+      - Its verdict decides rollbacks, so the file is read only when it can be trusted - not a symlink, in no
+        linked directory, owned by root (or the user the module runs as) and writable by nobody else, as is every
+        directory above it, and at most 1 MiB of one JSON object - else the audit fails naming why.
     type: path
   min_local_percent:
     description:

@@ -99,7 +99,9 @@ options:
       - A plan record a deployment wrote, such as C(/etc/inferops-numa/llama@1.plan.json). The module reads it
         (never writes it) and returns RV(record) and whether the file already holds it (RV(record_current)), so a
         role writes, and restarts for, only the records that changed.
-      - A file that is missing, unreadable, a symlink, not owned by root or writable by others is not current.
+      - A file that is missing, unreadable, a symlink or in a linked directory, owned by someone other than root
+        (or the user the module runs as), or writable by others - the file or a directory above it - is not
+        current.
     type: path
 """
 
