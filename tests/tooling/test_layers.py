@@ -81,8 +81,8 @@ def test_numa_plan_ships_only_what_it_uses():
     layers = {"%s/__init__" % layer for layer in ("act", "base", "decide", "inputs", "read", "system")}
     assert shipped == layers | {"__init__", "act/unit_text", "base/cpulist", "base/engines", "base/errors",
                                 "base/gpu_vendors", "base/sizes", "base/tokens", "decide/placement", "inputs/request",
-                                "read/kernel_files", "read/topology", "system/kernel", "system/safe_fs",
-                                "system/trusted_files"}
+                                "read/kernel_files", "read/topology", "system/kernel", "system/root_files",
+                                "system/safe_fs", "system/trusted_files"}
 
 
 def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
