@@ -176,6 +176,22 @@ def test_a_noisy_set_is_measured_up_to_max_rounds_and_not_one_round_more():
         assert len(ab_gate.gather(lambda: next(noisy), 5, most, 5.0)) == most
 
 
+
+def test_each_gate_bound_is_taken_at_its_ends_and_refused_past_them():
+    for name, (low, high) in gate_options.BOUNDS.items():
+        assert gate_options.problems({name: low}) == [] and gate_options.problems({name: high}) == []
+        step = 1 if isinstance(low, int) else 0.01
+        for wrong in (low - step, high + step):
+            assert gate_options.problems({name: wrong}) == ["%s: %s is not a number from %g to %g; give one in that "
+                                                            "range" % (name, wrong, low, high)]
+
+
+def test_max_rounds_may_equal_rounds_but_not_be_fewer():
+    assert gate_options.problems({"rounds": 5, "max_rounds": 5}) == []
+    assert gate_options.problems({"rounds": 6, "max_rounds": 5}) == [
+        "max_rounds: 5 is fewer than rounds (6); give max_rounds of at least rounds"]
+
+
 # --- measuring: every engine answer is data ----------------------------------------------------------------------
 
 def asker(bodies):
