@@ -701,3 +701,26 @@ def test_a_spill_takes_the_nearest_node_by_slit_not_the_lowest_id_or_the_farthes
     result = place(tf.make_topology(nodes, distances=distances), node=0, model_size=15 * GIB, memory_headroom="0")
     assert (result.policy, result.mem_nodes) == ("interleave", [0, 2])
     assert "interleaving over nodes 0,2 (nearest by SLIT, 20 GiB available)" in reasons(result)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(0, 1), st.integers(-2, 2), st.sampled_from(["one", "all"]))
+def test_a_model_binds_exactly_when_it_fits_the_node_and_spills_exactly_when_it_fits_both(free0, free1, node, off,
+                                                                                          target):
+    # Sizes in MiB around the boundaries: the node's own free memory, and both nodes' together.
+    mib = 1024 * 1024
+    topology = tf.make_topology([tf.make_node(0, range(2), total_gib=1, available_gib=free0 / 1024),
+                                 tf.make_node(1, range(2, 4), total_gib=1, available_gib=free1 / 1024)])
+    own = (free0, free1)[node] * mib
+    both = (free0 + free1) * mib
+    size = max(0, (own if target == "one" else both) + off)
+    try:
+        result = place(topology, node=node, model_size=size, memory_headroom="0")
+    except PlacementError:
+        assert size > both
+        return
+    if size <= own:
+        assert (result.policy, result.mem_nodes, result.available_bytes) == ("bind", [node], own)
+    else:
+        assert size <= both and (result.policy, result.mem_nodes) == ("interleave", [0, 1])
+        assert result.available_bytes == both
