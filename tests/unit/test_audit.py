@@ -803,3 +803,14 @@ def test_a_weighted_split_exactly_at_the_band_passes_and_past_it_fails(on_node0,
     assert report["interleave_weight_percent"] == {"0": 50.0, "1": 50.0}
     assert report["ok"] is ok
     assert ("the weighted-interleave split is off its weights by more than 10 points" in report["msg"]) is not ok
+
+
+@pytest.mark.parametrize("allowed, last, ok", [("0-1", 1, True), ("0-1", None, True), ("0-1", 2, False),
+                                               ("0-2", 1, False), ("1", 0, True)])
+def test_a_thread_allowed_or_last_seen_outside_the_plans_cpus_fails_the_audit(allowed, last, ok):
+    raw = _raw({0: (4096, 0, 0)})
+    raw["threads"] = [{"tid": 4243, "name": "worker", "cpus_allowed": allowed, "mems_allowed": "0", "last_cpu": last}]
+    report = audit.judge([raw], audit.Expectation("bind", [0], [0, 1]), 99, "all", PAGE)
+    assert report["ok"] is ok
+    assert ("PID 4242 thread 4243 (worker) may run on CPUs %s (last on CPU %s), outside the plan's 0-1"
+            % (allowed, last) in report["msg"]) is not ok

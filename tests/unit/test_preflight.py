@@ -1,5 +1,6 @@
 """The preflight: the roles' inputs checked against their argument specs (plugin_utils/preflight.py) and the host
 checked read-only (module_utils/numa/read/preflight.py), each problem one line naming what, why and the fix."""
+import errno
 import os
 
 import pytest
@@ -533,3 +534,22 @@ def test_systemd_must_be_pid_1_and_booted_both(tmp_path, pid1, booted):
         marker.rmdir()
     (problem,) = host.systemd_problems(root)
     assert problem.startswith("systemd: PID 1 here is %s, not systemd; " % pid1)
+
+
+@pytest.mark.parametrize("refusal, told", [(errno.EPERM, True), (errno.ENOSYS, True), (errno.EACCES, True),
+                                           (errno.EINVAL, False), (None, False)])
+def test_set_mempolicy_refused_by_the_host_is_told_and_any_other_answer_is_not(monkeypatch, refusal, told):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+
+    calls = []
+
+    def set_mempolicy(policy, nodes):
+        calls.append((policy, list(nodes)))
+        if refusal is not None:
+            raise kernel.KernelCallError("set_mempolicy", refusal, "refused")
+    monkeypatch.setattr(kernel, "set_mempolicy", set_mempolicy)
+    problems = host.mempolicy_problems()
+    assert calls == [("default", [])]  # the process's own policy, set back to the default: nothing changes
+    assert problems == ([] if not told else [
+        "memory policy: set_mempolicy is refused here (%s): numa-pin could not bind memory; allow the syscall (the "
+        "container's seccomp profile) or run on the host" % errno.errorcode[refusal]])
