@@ -190,7 +190,8 @@ MUTANTS = [
            "by_node[node[\"id\"]] = min(known)", "by_node[node[\"id\"]] = max(known)",
            "HMAT: the higher of read and write bandwidth, not the lower", WEIGHTS_TESTS),
     Mutant("weights-bandwidth-bound", MU + "decide/weights.py",
-           "return finite_number(value) and 0 < value <= highest", "return finite_number(value) and 0 < value < highest",
+           "return finite_number(value) and 0 < value <= highest",
+           "return finite_number(value) and 0 < value < highest",
            "a bandwidth exactly at the bound is refused", WEIGHTS_TESTS),
 
     # --- the preflight's refusals (read/preflight.py, plugin_utils/preflight.py, inputs/gate.py) -------------
@@ -236,7 +237,8 @@ MUTANTS = [
 
     # --- the reports' escaping (plugin_utils/*report*, host_results, watch/fleet.py) -------------------------
     Mutant("report-html-autoescape", PU + "report_pages.py",
-           "loader=FileSystemLoader(TEMPLATES), autoescape=True,", "loader=FileSystemLoader(TEMPLATES), autoescape=False,",
+           "loader=FileSystemLoader(TEMPLATES), autoescape=True,",
+           "loader=FileSystemLoader(TEMPLATES), autoescape=False,",
            "the HTML page prints hosts' text unescaped", REPORT_TESTS),
     Mutant("report-html-one-line", PU + "report_pages.py",
            "else one_line(value)", "else value",

@@ -235,9 +235,9 @@ def test_a_hosts_text_cannot_open_markup_or_a_new_line_in_either_page():
     assert "\n# owned" not in pages["md"]
 
 
-@pytest.mark.parametrize("balancing, words, on", [(0, "off", False), (1, "ON (NUMA hinting faults migrate pages)", True),
-                                                  (2, "memory tiering", False), (3, "ON + memory tiering", True),
-                                                  (None, "unknown (not readable)", False)])
+@pytest.mark.parametrize("balancing, words, on", [
+    (0, "off", False), (1, "ON (NUMA hinting faults migrate pages)", True), (2, "memory tiering", False),
+    (3, "ON + memory tiering", True), (None, "unknown (not readable)", False)])
 def test_balancing_is_on_for_the_kernels_values_1_and_3_only(balancing, words, on):
     entry = fleet_report.host_entry("h", {"host": {"numa_balancing": balancing}})
     assert (entry["balancing"], entry["balancing_on"]) == (words, on)
