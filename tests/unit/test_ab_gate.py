@@ -130,6 +130,68 @@ def test_more_rounds_are_measured_while_a_set_is_too_noisy_to_judge():
     assert ab_gate.own_band_percent(rates[:-1]) > 5.0  # it stopped at the first round that narrowed it enough
 
 
+
+# --- exact boundaries of the verdict (tests/mutants.py) -------------------------------------------------------------
+
+def test_a_gain_of_exactly_min_gain_percent_is_kept_and_a_hair_less_rolled_back():
+    # "keep the change only with at least this gain": 10 -> 10.5 tokens/s is +5.0 % exactly.
+    verdict = ab_gate.judge([10.0] * 5, [10.5] * 5, 5.0)
+    assert (verdict["gain_percent"], verdict["kept"]) == (5.0, True)
+    assert verdict["msg"] == "10.00 -> 10.50 tokens/s (+5.0 %, noise 1.0 %): kept, needed a gain of 5.0 %"
+    assert not ab_gate.judge([10.0] * 5, [10.499] * 5, 5.0)["kept"]
+    # A negative threshold is a loss accepted, down to exactly it.
+    assert ab_gate.judge([100.0] * 3, [90.0] * 3, -10.0)["kept"]
+    assert not ab_gate.judge([100.0] * 3, [89.99] * 3, -10.0)["kept"]
+
+
+def test_a_loss_of_exactly_the_noise_band_is_kept_and_a_hair_more_rolled_back():
+    # Identical rounds: the band is the 1 % floor; 100 -> 99 tokens/s is -1.0 % exactly, no loss beyond the band.
+    verdict = ab_gate.judge([100.0] * 5, [99.0] * 5, None)
+    assert (verdict["gain_percent"], verdict["noise_percent"], verdict["kept"]) == (-1.0, 1.0, True)
+    assert verdict["msg"] == ("100.00 -> 99.00 tokens/s (-1.0 %, noise 1.0 %): kept, needed no loss beyond the noise "
+                              "band of 1.0 %")
+    assert not ab_gate.judge([100.0] * 5, [98.99] * 5, None)["kept"]
+    # A gain is kept without min_gain_percent, however small: the band is how much loss is forgiven, not gain needed.
+    assert ab_gate.judge([100.0] * 5, [100.01] * 5, None)["kept"]
+
+
+def test_the_gain_is_in_percent_of_the_rate_before():
+    verdict = ab_gate.judge([8.0] * 3, [10.0] * 3, None)
+    assert verdict["gain_percent"] == 25.0  # (10 - 8) / 8, not / 10
+    assert ab_gate.judge([10.0] * 3, [8.0] * 3, None)["gain_percent"] == -20.0
+
+
+def test_the_band_is_floored_at_one_percent_and_capped_at_max_noise_percent():
+    assert ab_gate.noise_band([100.0] * 5, [100.0] * 5, 5.0) == (ab_gate.FLOOR_PERCENT, False)
+    noisy = [10.0, 12.0, 8.0, 11.0, 9.0]
+    assert ab_gate.band_percent(noisy, noisy) > 5.0
+    assert ab_gate.noise_band(noisy, noisy, 5.0) == (5.0, True)
+    assert ab_gate.noise_band(noisy, noisy, 50.0) == (ab_gate.band_percent(noisy, noisy), False)
+    assert ab_gate.noise_band([100.0] * 5, [100.0] * 5, 0.5) == (0.5, True)  # a cap below the floor wins
+
+
+def test_a_noisy_set_is_measured_up_to_max_rounds_and_not_one_round_more():
+    for most in (5, 6, 7):
+        noisy = iter([10.0, 13.0, 7.0, 12.0, 8.0] * 10)
+        assert len(ab_gate.gather(lambda: next(noisy), 5, most, 5.0)) == most
+
+
+
+def test_each_gate_bound_is_taken_at_its_ends_and_refused_past_them():
+    for name, (low, high) in gate_options.BOUNDS.items():
+        assert gate_options.problems({name: low}) == [] and gate_options.problems({name: high}) == []
+        step = 1 if isinstance(low, int) else 0.01
+        for wrong in (low - step, high + step):
+            assert gate_options.problems({name: wrong}) == ["%s: %s is not a number from %g to %g; give one in that "
+                                                            "range" % (name, wrong, low, high)]
+
+
+def test_max_rounds_may_equal_rounds_but_not_be_fewer():
+    assert gate_options.problems({"rounds": 5, "max_rounds": 5}) == []
+    assert gate_options.problems({"rounds": 6, "max_rounds": 5}) == [
+        "max_rounds: 5 is fewer than rounds (6); give max_rounds of at least rounds"]
+
+
 # --- measuring: every engine answer is data ----------------------------------------------------------------------
 
 def asker(bodies):

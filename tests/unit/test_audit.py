@@ -820,3 +820,72 @@ def test_weighted_interleave_without_readable_weights_only_reports_the_spread(tm
     report = audit.audit_pids(str(tmp_path), [9], WEIGHTED, page_size=PAGE)
     assert report["ok"] is True and report["interleave_weight_percent"] is None
     assert report["interleave_percent"] == {"0": 50.0, "1": 50.0, "4": 0.0}
+
+
+# --- exact boundaries of the verdict (tests/mutants.py) ---------------------------------------------
+
+def _raw(node_bytes):
+    """One process's reading as read_process gives it: ``node_bytes`` is node -> (anon, file, code) bytes."""
+    return {"pid": 4242, "name": "llama-server", "cpus_allowed": "0-3", "mems_allowed": "0-1", "threads": [],
+            "policies": {}, "without_memory": None,
+            "node_bytes": {node: {"anon": anon, "file": file, "code": code}
+                           for node, (anon, file, code) in node_bytes.items()}}
+
+
+BIND_NODE0 = audit.Expectation("bind", [0], [])
+
+
+@pytest.mark.parametrize("local, remote, threshold, ok", [
+    (9900, 100, 99, True),     # 99.00 % at 99: passes (the share is compared with >=)
+    (9899, 101, 99, False),    # 98.99 %: fails
+    (9896, 104, 99, False),    # 98.96 %: fails (the share is rounded to hundredths, not tenths)
+    (9950, 50, 99, True),      # above: passes
+    (5000, 5000, 50, True),    # 50.00 % at 50
+    (0, 10000, 0, True),       # nothing local passes a threshold of 0
+    (10000, 0, 100, True),     # everything local passes 100
+    (9999, 1, 100, False),     # 99.99 % does not
+])
+def test_a_share_at_the_threshold_passes_and_a_hundredth_below_fails(local, remote, threshold, ok):
+    report = audit.judge([_raw({0: (local, 0, 0), 1: (remote, 0, 0)})], BIND_NODE0, threshold, "all", PAGE)
+    assert report["local_percent"] == round(100.0 * local / (local + remote), 2)
+    assert report["ok"] is ok
+    if not ok:
+        assert "%.2f%% of the anon + file memory is on node(s) 0, below min_local_percent %s" % (
+            report["local_percent"], threshold) in report["msg"]
+
+
+@pytest.mark.parametrize("pages, share, ok", [("all", 50.0, False), ("anon", 100.0, True), ("file", 0.0, False)])
+def test_pages_all_counts_anon_and_file_memory(pages, share, ok):
+    report = audit.judge([_raw({0: (3000, 0, 500), 1: (0, 3000, 0)})], BIND_NODE0, 99, pages, PAGE)
+    assert (report["local_percent"], report["ok"]) == (share, ok)
+    assert report["code_local_percent"] == 100.0
+
+
+@pytest.mark.parametrize("policy", ["preferred", "interleave", "weighted-interleave"])
+def test_only_a_bind_plan_is_held_to_the_threshold(policy):
+    report = audit.judge([_raw({0: (1000, 0, 0), 1: (9000, 0, 0)})], audit.Expectation(policy, [0], []), 99,
+                         "all", PAGE)
+    assert (report["local_percent"], report["ok"]) == (10.0, True)
+    bound = audit.judge([_raw({0: (1000, 0, 0), 1: (9000, 0, 0)})], BIND_NODE0, 99, "all", PAGE)
+    assert bound["ok"] is False
+
+
+@pytest.mark.parametrize("on_node0, ok", [(6000, True), (4000, True), (6001, False), (3999, False)])
+def test_a_weighted_split_exactly_at_the_band_passes_and_past_it_fails(on_node0, ok):
+    # Weights 1:1 want 50 % each; the band is 10 points: 60.00 % passes, 60.01 % does not.
+    expect = audit.Expectation("weighted-interleave", [0, 1], [], {0: 1, 1: 1})
+    report = audit.judge([_raw({0: (on_node0, 0, 0), 1: (10000 - on_node0, 0, 0)})], expect, 99, "all", PAGE)
+    assert report["interleave_weight_percent"] == {"0": 50.0, "1": 50.0}
+    assert report["ok"] is ok
+    assert ("the weighted-interleave split is off its weights by more than 10 points" in report["msg"]) is not ok
+
+
+@pytest.mark.parametrize("allowed, last, ok", [("0-1", 1, True), ("0-1", None, True), ("0-1", 2, False),
+                                               ("0-2", 1, False), ("1", 0, True)])
+def test_a_thread_allowed_or_last_seen_outside_the_plans_cpus_fails_the_audit(allowed, last, ok):
+    raw = _raw({0: (4096, 0, 0)})
+    raw["threads"] = [{"tid": 4243, "name": "worker", "cpus_allowed": allowed, "mems_allowed": "0", "last_cpu": last}]
+    report = audit.judge([raw], audit.Expectation("bind", [0], [0, 1]), 99, "all", PAGE)
+    assert report["ok"] is ok
+    assert ("PID 4242 thread 4243 (worker) may run on CPUs %s (last on CPU %s), outside the plan's 0-1"
+            % (allowed, last) in report["msg"]) is not ok

@@ -191,3 +191,63 @@ def test_one_line_takes_printable_text_as_it_is_and_escapes_the_rest_character_b
     every_character = " ".join(host_results.escaped(text[:limit]).split()) + ("..." if len(text) > limit else "")
     assert host_results.one_line(text, limit) == every_character
     assert host_results.escaped("a\tb\x1b\u202e") == "a b\\x1b\\u202e"
+
+
+# --- each escaping rule, value by value (tests/mutants.py) -------------------------------------------------------
+
+@pytest.mark.parametrize("value, shown", [
+    ("llama 7B, 99 %", "llama 7B, 99 %"),                 # letters, digits, spaces and ", % -": as it is
+    ("99.50 %", "99.50 %"),                               # a dot between digits
+    ("www.example.org", "`www.example.org`"),             # a dot elsewhere would be a link
+    ("node 0.", "`node 0.`"),
+    ("a|b", "`a\\|b`"),                                   # no pipe opens a table cell, in a span or not
+    ("x`y", "``x`y``"),                                   # the fence is longer than any backtick run inside
+    ("a``b`", "``` a``b` ```"),                           # a backtick at an edge is kept off the fence by a space
+    ("`tick", "`` `tick ``"),
+    ("# title\nnext | row", "`# title next \\| row`"),    # one line: no new heading or row
+    ("two\nlines", "two lines"),
+    ("<b>bold</b>", "`<b>bold</b>`"),
+    ("[x](http://e.org)", "`[x](http://e.org)`"),
+    ("bidi\u202eend", "`bidi\\u202eend`"),
+    (42, "42"),
+    ("", ""),
+])
+def test_a_markdown_value_is_plain_text_or_a_code_span_on_one_line(value, shown):
+    assert report_pages.markdown_value(value) == shown
+
+
+def test_markdown_the_templates_made_and_markup_are_printed_as_they_are():
+    table = report_pages.MarkdownText("| a |\n| - |")
+    assert report_pages.markdown_value(table) is table
+    markup = report_pages.Markup("<td>1</td>")
+    assert report_pages.html_value(markup) is markup
+    assert report_pages.html_value("a\n<b>\tb\x1b") == "a <b> b\\x1b"  # one line; autoescape does the rest
+    assert report_pages.html_value(7) == 7
+
+
+def test_a_hosts_text_cannot_open_markup_or_a_new_line_in_either_page():
+    hostile = "<img src=x onerror=alert(1)>\n# owned | `x`"
+    result = dict(HOSTVARS["drifting"]["fleet_report_result"])
+    result["read_warnings"] = [hostile]
+    pages = report_pages.render("fleet_report", report_model({"h": {"fleet_report_result": result}}, ["h"]))
+    assert "<img" not in pages["html"] and "&lt;img src=x onerror=alert(1)&gt; # owned | `x`" in pages["html"]
+    assert "- `` <img src=x onerror=alert(1)> # owned \\| `x` ``" in pages["md"]  # ends with a backtick: padded
+    assert "\n# owned" not in pages["md"]
+
+
+@pytest.mark.parametrize("balancing, words, on", [
+    (0, "off", False), (1, "ON (NUMA hinting faults migrate pages)", True), (2, "memory tiering", False),
+    (3, "ON + memory tiering", True), (None, "unknown (not readable)", False)])
+def test_balancing_is_on_for_the_kernels_values_1_and_3_only(balancing, words, on):
+    entry = fleet_report.host_entry("h", {"host": {"numa_balancing": balancing}})
+    assert (entry["balancing"], entry["balancing_on"]) == (words, on)
+    assert (fleet_report._warnings(balancing, [], [], {}) != []) is on
+
+
+def test_the_topology_summary_counts_bytes_and_lists_the_gpus_without_a_node():
+    topology = {"nodes": [{"id": 0, "cpulist": "0-1", "cpus": [0, 1], "memory_total_kb": 3, "gpus": ["0000:01:00.0"]}],
+                "gpus": [{"address": "0000:01:00.0", "numa_node": 0}, {"address": "0000:02:00.0", "numa_node": None}],
+                "cpus": {"online": "0-1"}}
+    assert fleet.summary(topology) == {
+        "nodes": [{"id": 0, "cpulist": "0-1", "cpus": 2, "memory_total_bytes": 3072, "gpus": ["0000:01:00.0"]}],
+        "gpus_without_node": ["0000:02:00.0"], "cpus_online": "0-1"}

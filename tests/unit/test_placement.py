@@ -640,3 +640,87 @@ def test_an_anchor_on_a_node_the_host_lacks_fails_whichever_instance_it_names():
         with pytest.raises(PlacementError, match=r"anchors name node\(s\) 5, which this host does not have "
                                                  r"\(node\(s\) 0-1\)"):
             place(tf.dual_socket_gpu(), instances=2, anchors="0,5", instance=instance)
+
+
+# ------------------------------------------------- exact boundaries (tests/mutants.py) ---
+# Each of these fails when one rule of the planner is inverted or off by one: a node's free memory equal to the
+# need, a score decided by its 3/5 and 2/5 weights, the last node of a spill.
+
+def _exact_fit_host():
+    """Node 0 scores higher (90 % of its 10 GiB free), node 1 has 50 GiB free of 100: only node 1 can hold 50 GiB."""
+    return tf.make_topology([tf.make_node(0, range(4), total_gib=10, available_gib=9),
+                             tf.make_node(1, range(4, 8), total_gib=100, available_gib=50)])
+
+
+def test_a_model_of_exactly_a_nodes_free_memory_fits_it_and_binds_there():
+    result = place(_exact_fit_host(), model_size=50 * GIB, memory_headroom="0")
+    assert (result.node, result.policy, result.mem_nodes) == (1, "bind", [1])
+    assert result.required_bytes == result.available_bytes == 50 * GIB
+    assert "only nodes where the model fits were considered" in reasons(result)
+    assert "model 50 GiB + headroom 0 B (0) = 50 GiB fits node 1 (50 GiB available): binding" in reasons(result)
+
+
+def test_a_model_one_byte_over_a_nodes_free_memory_spills_to_the_next_node():
+    result = place(_exact_fit_host(), node=1, model_size=50 * GIB + 1, memory_headroom="0")
+    assert (result.policy, result.mem_nodes) == ("interleave", [0, 1])
+    assert result.available_bytes == 59 * GIB
+
+
+def test_preferred_memory_of_exactly_the_nodes_free_memory_is_said_to_fit():
+    result = place(_exact_fit_host(), policy="preferred", node=1, model_size=50 * GIB, memory_headroom="0")
+    assert "preferred memory on node 1: model 50 GiB + headroom 0 B (0) = 50 GiB fits (50 GiB available)" \
+        in reasons(result)
+    over = place(_exact_fit_host(), policy="preferred", node=1, model_size=50 * GIB + 1, memory_headroom="0")
+    assert "does not fit (50 GiB available); the kernel spills the rest" in reasons(over)
+
+
+def test_a_spill_reaches_the_last_usable_node_and_no_further():
+    nodes = [tf.make_node(node, range(2 * node, 2 * node + 2), total_gib=10, available_gib=10) for node in range(3)]
+    result = place(tf.make_topology(nodes), node=0, model_size=30 * GIB, memory_headroom="0")
+    assert (result.policy, result.mem_nodes) == ("interleave", [0, 1, 2])
+    with pytest.raises(PlacementError, match="does not fit even all usable node"):
+        place(tf.make_topology(nodes), node=0, model_size=30 * GIB + 1, memory_headroom="0")
+
+
+def test_the_score_weighs_free_memory_three_fifths_and_the_spread_two_fifths():
+    # Instance 1: node 0 (all free, instance 0 there) scores 0.6 * 1 + 0.4 / 2 = 0.8, node 1 (half free, empty)
+    # 0.6 * 0.5 + 0.4 = 0.7, so it doubles up on node 0; weights of 2/5 and 3/5 would give 0.7 and 0.8.
+    topology = tf.make_topology([tf.make_node(0, range(4), total_gib=100, available_gib=100),
+                                 tf.make_node(1, range(4, 8), total_gib=100, available_gib=50)])
+    results = [place(topology, instances=2, instance=index) for index in (0, 1)]
+    assert [result.node for result in results] == [0, 0]
+    assert "node 0 chosen by memory score 1.000: 100% of its memory available, 0 instance(s) already there" \
+        in reasons(results[0])
+    assert "node 0 chosen by memory score 0.800: 100% of its memory available, 1 instance(s) already there" \
+        in reasons(results[1])
+
+
+def test_a_spill_takes_the_nearest_node_by_slit_not_the_lowest_id_or_the_farthest():
+    nodes = [tf.make_node(node, range(2 * node, 2 * node + 2), total_gib=10, available_gib=10) for node in range(3)]
+    distances = [[10, 30, 12], [30, 10, 12], [12, 12, 10]]
+    result = place(tf.make_topology(nodes, distances=distances), node=0, model_size=15 * GIB, memory_headroom="0")
+    assert (result.policy, result.mem_nodes) == ("interleave", [0, 2])
+    assert "interleaving over nodes 0,2 (nearest by SLIT, 20 GiB available)" in reasons(result)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(0, 1), st.integers(-2, 2), st.sampled_from(["one", "all"]))
+def test_a_model_binds_exactly_when_it_fits_the_node_and_spills_exactly_when_it_fits_both(free0, free1, node, off,
+                                                                                          target):
+    # Sizes in MiB around the boundaries: the node's own free memory, and both nodes' together.
+    mib = 1024 * 1024
+    topology = tf.make_topology([tf.make_node(0, range(2), total_gib=1, available_gib=free0 / 1024),
+                                 tf.make_node(1, range(2, 4), total_gib=1, available_gib=free1 / 1024)])
+    own = (free0, free1)[node] * mib
+    both = (free0 + free1) * mib
+    size = max(0, (own if target == "one" else both) + off)
+    try:
+        result = place(topology, node=node, model_size=size, memory_headroom="0")
+    except PlacementError:
+        assert size > both
+        return
+    if size <= own:
+        assert (result.policy, result.mem_nodes, result.available_bytes) == ("bind", [node], own)
+    else:
+        assert size <= both and (result.policy, result.mem_nodes) == ("interleave", [0, 1])
+        assert result.available_bytes == both

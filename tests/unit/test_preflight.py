@@ -1,5 +1,6 @@
 """The preflight: the roles' inputs checked against their argument specs (plugin_utils/preflight.py) and the host
 checked read-only (module_utils/numa/read/preflight.py), each problem one line naming what, why and the fix."""
+import errno
 import os
 
 import pytest
@@ -501,3 +502,54 @@ def test_the_audit_still_tells_another_user_to_run_as_root(tmp_path, monkeypatch
 def test_a_readable_process_is_read(tmp_path):
     root, pid = _process(tmp_path)
     assert audit.read_process(root, pid, 4096)["name"] == "llama-server"
+
+
+# --- exact bounds and refusals (tests/mutants.py) ----------------------------------------------------------------
+
+@pytest.mark.parametrize("key, edges, outside", [("port_base", (1, 65535), (0, 65536)),
+                                                 ("min_local_percent", (0, 100), (-0.01, 100.01))])
+def test_a_value_exactly_at_a_bound_passes_and_one_step_past_it_is_refused(key, edges, outside):
+    for value in edges:
+        merged, problems = preflight.check_entries([dict(SERVICE, **{key: value})], {})
+        assert problems == [] and merged[0][key] == value
+    for value in outside:
+        assert preflight.check_entries([dict(SERVICE, **{key: value})], {})[1] == [
+            "service llama: %s: %s is out of range; give a value from %s to %s" % (key, value, edges[0], edges[1])]
+
+
+def test_a_bound_without_an_upper_end_takes_its_lower_end():
+    spec = {"type": "int"}
+    assert preflight.check_value("inference_service_restart_batch", 1, spec, (1, None)) == (1, None)
+    assert preflight.check_value("inference_service_restart_batch", 0, spec, (1, None)) == (
+        0, "0 is out of range; give 1 or more")
+
+
+@pytest.mark.parametrize("pid1, booted", [("bash", True), ("systemd", False), ("init", False)])
+def test_systemd_must_be_pid_1_and_booted_both(tmp_path, pid1, booted):
+    root = _host(tmp_path, pid1=pid1)
+    marker = tmp_path / "run" / "systemd" / "system"  # the directory systemd makes when it booted the host
+    if booted:
+        marker.mkdir(parents=True, exist_ok=True)
+    elif marker.exists():
+        marker.rmdir()
+    (problem,) = host.systemd_problems(root)
+    assert problem.startswith("systemd: PID 1 here is %s, not systemd; " % pid1)
+
+
+@pytest.mark.parametrize("refusal, told", [(errno.EPERM, True), (errno.ENOSYS, True), (errno.EACCES, True),
+                                           (errno.EINVAL, False), (None, False)])
+def test_set_mempolicy_refused_by_the_host_is_told_and_any_other_answer_is_not(monkeypatch, refusal, told):
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+
+    calls = []
+
+    def set_mempolicy(policy, nodes):
+        calls.append((policy, list(nodes)))
+        if refusal is not None:
+            raise kernel.KernelCallError("set_mempolicy", refusal, "refused")
+    monkeypatch.setattr(kernel, "set_mempolicy", set_mempolicy)
+    problems = host.mempolicy_problems()
+    assert calls == [("default", [])]  # the process's own policy, set back to the default: nothing changes
+    assert problems == ([] if not told else [
+        "memory policy: set_mempolicy is refused here (%s): numa-pin could not bind memory; allow the syscall (the "
+        "container's seccomp profile) or run on the host" % errno.errorcode[refusal]])

@@ -281,3 +281,41 @@ def test_numa_weights_warns_in_one_line_and_sets_the_hmat_weights(tmp_path, caps
     assert [w["event"]["msg"] if isinstance(w, dict) else w for w in result["warnings"]] == [
         "the numa_cost record is not used, the next source is: the numa_cost record's bandwidth from node 0 to node 0 "
         "is inf, not a number of GB/s from 0 to 1e+06; measure again with numa_cost record: true"]
+
+
+# --- exact rules of the choice (tests/mutants.py) ----------------------------------------------------------------
+
+def test_a_weight_is_its_bandwidth_rounded_to_the_nearest_tenth_of_the_fastest():
+    assert choice.weights_from_bandwidth({0: 20.0, 1: 17.6}) == {0: 10, 1: 9}  # 8.8 tenths round to 9, not 8
+    assert choice.weights_from_bandwidth({0: 20.0, 1: 17.4}) == {0: 10, 1: 9}  # 8.7
+    assert choice.weights_from_bandwidth({0: 20.0, 1: 16.8}) == {0: 5, 1: 4}  # 8.4 -> 8, then halved
+    # In tenths of the fastest, whichever node is listed first.
+    assert choice.weights_from_bandwidth({0: 18.0, 1: 20.0}) == {0: 9, 1: 10}
+
+
+def test_a_node_below_a_twentieth_of_the_fastest_still_gets_weight_1():
+    assert choice.weights_from_bandwidth({0: 100.0, 1: 4.9}) == {0: 10, 1: 1}  # 0.49 tenths: 0, raised to 1
+    assert choice.weights_from_bandwidth({0: 100.0, 1: 0.01, 2: 100.0}) == {0: 10, 1: 1, 2: 10}
+
+
+def _facts(nodes):
+    return {"nodes": [dict({"id": node, "has_memory": True, "cpus": [node]}, **extra) for node, extra in nodes],
+            "distances": [[10 if row == column else 20 for column, _ in nodes] for row, _ in nodes]}
+
+
+def test_a_memory_nodes_measured_figure_is_the_best_any_cpu_node_got_from_it():
+    facts = _facts([(0, {}), (1, {})])
+    record = {"nodes": [0, 1], "bandwidth_gbps": [[40.0, 12.0], [20.0, 30.0]],
+              "topology_signature": choice.topology_signature(facts)}
+    found = choice.measured_bandwidths(facts, record)
+    assert (found.source, found.by_node, found.reason) == ("measured", {0: 40.0, 1: 30.0}, "")
+    record["bandwidth_gbps"] = [[choice.MAX_GBPS, None], [0, 1.0]]  # the bound itself is a bandwidth
+    assert choice.measured_bandwidths(facts, record).by_node == {0: choice.MAX_GBPS, 1: 1.0}
+
+
+def test_hmat_gives_the_lower_of_read_and_write_bandwidth():
+    facts = _facts([(0, {"hmat": {"read_bandwidth": 20000, "write_bandwidth": 10000}}),
+                    (1, {"hmat": {"read_bandwidth": 8000, "write_bandwidth": 16000}}),
+                    (2, {"hmat": {"read_bandwidth": choice.MAX_HMAT_MBPS}})])
+    found = choice.hmat_bandwidths(facts)
+    assert (found.by_node, found.reason) == ({0: 10000.0, 1: 8000.0, 2: choice.MAX_HMAT_MBPS}, "")
