@@ -14,7 +14,7 @@ LAB_STAMP := $(VENV)/.lab-installed
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv lab-venv apt test unit lint sanity molecule demo demo-down bench facts clean
+.PHONY: venv lab-venv apt test unit mutants lint sanity molecule demo demo-down bench facts clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ test:
 # One boot of the QEMU lab guest proves it all (image and llama-server built once, cached in ~/.cache/inferops-numa).
 molecule: apt lab-venv
 	$(BIN)/molecule test
+
+# Each decision rule inverted or off by one, one at a time, in a copy of the tree: the fast tests must fail on it.
+mutants: venv
+	$(BIN)/python tests/mutants.py
 
 lint: venv
 	$(BIN)/ansible-lint --profile production
