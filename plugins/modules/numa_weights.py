@@ -130,7 +130,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import knobs, weights
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
@@ -148,7 +148,7 @@ def run(module: AnsibleModule) -> dict:
     for warning in plan.warnings:  # a corrupt or foreign numa_cost record: the weights come from the next source
         module.warn(warning)
     if plan.changed and not module.check_mode:
-        weights.apply(plan)
+        knobs.apply(plan.knob)
     result = weights.result(plan, module.check_mode)
     if module._diff and plan.changed:
         result["diff"] = weights.diff(plan)

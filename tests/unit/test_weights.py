@@ -8,7 +8,7 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost, weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost, knobs, weights
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import weights as choice
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
@@ -59,7 +59,7 @@ def test_hmat_weights_are_written_to_the_kernel_and_a_boot_time_dropin(tmp_path)
     assert plan.source == "hmat" and plan.desired == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
     assert "measured: no numa_cost record" in plan.reasons[0]
     assert weights.result(plan, True)["msg"].startswith("would set node0 1 -> 2")
-    weights.apply(plan)
+    knobs.apply(plan.knob)
     assert kernel_weights(root) == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
     dropin = open(os.path.join(root, "etc/tmpfiles.d", weights.DROPIN_NAME)).read()
     assert "w /sys/kernel/mm/mempolicy/weighted_interleave/node4 - - - - 1\n" in dropin
@@ -115,7 +115,7 @@ def test_without_hmat_or_record_a_616_kernel_computes_them(tmp_path):
     root = host(tmp_path, hmat=False, auto=False)
     plan = weights.make_plan(root, read_record=no_record)
     assert plan.source == "kernel" and plan.auto_after is True and plan.desired == {}
-    weights.apply(plan)
+    knobs.apply(plan.knob)
     assert open(os.path.join(root, WEIGHTS, "auto")).read().strip() == "true"
     assert "w /sys/kernel/mm/mempolicy/weighted_interleave/auto - - - - true" in plan.dropin_after
 
@@ -124,7 +124,7 @@ def test_explicit_weights_switch_a_kernels_auto_mode_off(tmp_path):
     root = host(tmp_path, auto=True)
     plan = weights.make_plan(root, "hmat", read_record=no_record)
     assert plan.auto_before is True and plan.auto_after is False
-    weights.apply(plan)
+    knobs.apply(plan.knob)
     assert open(os.path.join(root, WEIGHTS, "auto")).read().strip() == "false"
 
 
@@ -149,10 +149,10 @@ def test_a_kernel_without_weighted_interleave_gets_plain_interleave_and_the_reas
 
 def test_persist_false_removes_the_dropin(tmp_path):
     root = host(tmp_path)
-    weights.apply(weights.make_plan(root, read_record=no_record))
+    knobs.apply(weights.make_plan(root, read_record=no_record).knob)
     plan = weights.make_plan(root, persist=False, read_record=no_record)
     assert plan.changed and plan.dropin_after is None and not plan.runtime_changes
-    weights.apply(plan)
+    knobs.apply(plan.knob)
     assert not os.path.exists(os.path.join(root, "etc/tmpfiles.d", weights.DROPIN_NAME))
 
 
@@ -173,7 +173,7 @@ def test_a_weight_file_replaced_by_a_symlink_is_never_written_through(tmp_path):
     os.symlink(str(target), node0)
     plan = weights.make_plan(root, read_record=no_record)
     with pytest.raises(NumaError, match="refusing to write"):
-        weights.apply(plan)
+        knobs.apply(plan.knob)
     assert target.read_text() == "keep\n"
 
 
