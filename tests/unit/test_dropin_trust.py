@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing, knobs, weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing, interleave_weights, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
 from tests.fixtures import sysfs
@@ -63,9 +63,9 @@ def weights_dropin(tmp_path):
     directory = os.path.join(root, "etc/tmpfiles.d")
     os.makedirs(directory, 0o755)
     os.chmod(directory, 0o755)
-    path = os.path.join(directory, weights.DROPIN_NAME)
+    path = os.path.join(directory, interleave_weights.DROPIN_NAME)
     with open(path, "w") as handle:
-        handle.write(weights.dropin_text("hmat", {0: 1}, None))
+        handle.write(interleave_weights.dropin_text("hmat", {0: 1}, None))
     os.chmod(path, 0o644)
     return root, path
 
@@ -91,7 +91,7 @@ def test_balancing_rewrites_an_untrusted_dropin_even_with_the_right_text(tmp_pat
 @pytest.mark.parametrize("how", ["0664", "symlink"])
 def test_weights_refuses_an_untrusted_dropin(tmp_path, how):
     root, path = weights_dropin(tmp_path)
-    assert knobs.read_trusted(root, weights.KNOB).startswith("# Written by inferops.numa")
+    assert knobs.read_trusted(root, interleave_weights.KNOB).startswith("# Written by inferops.numa")
     untrusted(path, how)
     with pytest.raises(NumaError, match="refusing to use %s: %s" % (path, "mode 0664" if how == "0664" else "a symlink")):
-        knobs.read_trusted(root, weights.KNOB)
+        knobs.read_trusted(root, interleave_weights.KNOB)

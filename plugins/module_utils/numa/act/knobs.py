@@ -1,7 +1,7 @@
 """A persisted kernel knob: runtime files under /proc or /sys, and the one drop-in that sets them again at boot.
 
 The NUMA balancing sysctl (act/balancing, a sysctl.d drop-in) and the weighted-interleave weights
-(act/weights, a tmpfiles.d drop-in) are knobs on this shape. Each decides what to write by its own rules
+(act/interleave_weights, a tmpfiles.d drop-in) are knobs on this shape. Each decides what to write by its own rules
 and returns a ``KnobPlan``; this module is the one way a knob's drop-in is read and judged, its plan applied and
 verified, and shown in diff mode. A new knob is one module that builds a ``KnobPlan``.
 
