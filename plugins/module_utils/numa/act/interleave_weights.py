@@ -4,8 +4,8 @@ decide/weights.py chooses the weights (numa_cost's recorded bandwidth, else HMAT
 module reads what the kernel has now and the one file the collection owns for them, a systemd-tmpfiles drop-in
 (``/etc/tmpfiles.d/60-inferops-numa-weights.conf``: ``w`` lines that systemd-tmpfiles-setup writes to sysfs at boot,
 before any service starts), and returns a ``WeightsPlan`` whose ``knobs.KnobPlan`` act/knobs applies, changing only
-what differs. A drop-in boot must not apply as it is is refused, not rewritten: it holds no setting of another
-file's to keep, and a refusal shows the host's owner what stood there.
+what differs. A drop-in that boot must not apply as it is (root_files.dropin_distrust) is refused
+(knobs.read_trusted), where numa_balancing rewrites its own (knobs.rewrite_reason).
 """
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple

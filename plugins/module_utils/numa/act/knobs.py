@@ -216,20 +216,20 @@ def _write_error(root: str, setting: Setting, exc: OSError) -> NumaError:
 
 def _write_setting(root: str, setting: Setting) -> None:
     try:
-        write_under(root, setting.path, str(setting.after).encode("ascii") + b"\n")
+        write_under(root, setting.path, ("%s\n" % setting.after).encode("ascii"))
     except OSError as exc:
         raise _write_error(root, setting, exc) from None
 
 
 def verify(plan: KnobPlan) -> None:
     """Fail unless every runtime file the plan sets reads back as planned."""
-    wrong = [(setting, read_value(plan.root, setting.name, setting.path))
-             for setting in plan.settings if setting.after is not None]
-    wrong = [(setting, now) for setting, now in wrong if now != setting.after]
+    now = [(setting, read_value(plan.root, setting.name, setting.path))
+           for setting in plan.settings if setting.after is not None]
+    wrong = [(setting, value) for setting, value in now if value != setting.after]
     if wrong:
         raise NumaError("%s: %s" % ("; ".join(
-            "wrote %s to %s but the kernel reports %s" % (setting.after, host_path(plan.root, setting.path), now)
-            for setting, now in wrong), plan.knob.rewritten_by))
+            "wrote %s to %s but the kernel reports %s" % (setting.after, host_path(plan.root, setting.path), value)
+            for setting, value in wrong), plan.knob.rewritten_by))
 
 
 def apply(plan: KnobPlan) -> None:
