@@ -8,7 +8,8 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost, interleave_weights, knobs
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import interleave_weights, knobs
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import weights as choice
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read

@@ -10,9 +10,10 @@ what differs. A drop-in that boot must not apply as it is (root_files.dropin_dis
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
-from . import cost, knobs
+from . import knobs
 from ..base.errors import NumaError
 from ..decide import weights as choice
+from ..measure import cost
 from ..read import topology
 
 SOURCES = ("auto",) + choice.SOURCES
@@ -80,7 +81,8 @@ def _settings(before: Dict[int, int], desired: Dict[int, int], auto_before: Opti
 
 def _plan(root: str, supported: bool, source: Optional[str], bandwidth: Dict[int, float], before: Dict[int, int],
           desired: Dict[int, int], auto_before: Optional[bool], auto_after: Optional[bool],
-          dropin_before: Optional[str], dropin_after: Optional[str], reasons: List[str], warnings: Tuple[str, ...] = ()) -> WeightsPlan:
+          dropin_before: Optional[str], dropin_after: Optional[str], reasons: List[str],
+          warnings: Tuple[str, ...] = ()) -> WeightsPlan:
     knob = knobs.KnobPlan(KNOB, root, _settings(before, desired, auto_before, auto_after), dropin_before,
                           dropin_after, None, reasons, list(warnings))
     return WeightsPlan(knob, supported, source, bandwidth, before, desired, auto_before, auto_after)
