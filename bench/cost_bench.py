@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 
 from tests import conftest  # noqa: E402,F401  (creates build/ansible_collections/inferops/numa)
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost  # noqa: E402
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost  # noqa: E402
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology  # noqa: E402
 
 GOAL_SECONDS = 30.0

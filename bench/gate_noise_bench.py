@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How often the A/B gate keeps a regression or rolls back a change that did nothing: the old rule against the
-noise model of act/ab_gate.py, on simulated rates.
+noise model of measure/ab_gate.py, on simulated rates.
 
     .venv/bin/python bench/gate_noise_bench.py [--trials N] [--seed S]
 
@@ -32,7 +32,7 @@ sys.path.insert(0, REPO)
 
 from tests import conftest  # noqa: E402,F401  (creates build/ansible_collections/inferops/numa)
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate  # noqa: E402
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate  # noqa: E402
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate as gate_options  # noqa: E402
 
 TRUE_RATE = 10.0

@@ -238,7 +238,7 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
@@ -263,9 +263,7 @@ def run(module: AnsibleModule) -> dict:
     if plan.error:
         module.fail_json(**dict(result, changed=False, msg=plan.error))
     if plan.changed and not module.check_mode:
-        balancing.apply_runtime(plan)
-        if plan.dropin_changed:
-            balancing.write_dropin(plan)
+        knobs.apply(plan.knob)
     warnings = list(plan.warnings)
     if params["verify_seconds"] is not None and plan.supported:
         result["vmstat_delta"], warning = balancing.verify(plan, params["verify_seconds"], module.check_mode)

@@ -327,7 +327,7 @@ recorded:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.cost import (
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure.cost import (
     DEFAULT_CHASE_STEPS, DEFAULT_MAX_SECONDS, DEFAULT_REPEATS, DEFAULT_ROUNDS, CostOptions, record, run)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 

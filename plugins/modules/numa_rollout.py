@@ -251,7 +251,7 @@ from typing import Any, Dict, List, Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act.ab_gate import Gate, gate_from
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure.ab_gate import Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Deployment, Host, Instance, Options, deploy
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC, health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown

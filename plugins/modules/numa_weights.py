@@ -130,28 +130,28 @@ msg:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import interleave_weights, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
-    "source": {"type": "str", "default": "auto", "choices": list(weights.SOURCES)},
+    "source": {"type": "str", "default": "auto", "choices": list(interleave_weights.SOURCES)},
     "persist": {"type": "bool", "default": True},
-    "record_dir": {"type": "path", "default": weights.RECORD_DIR},
+    "record_dir": {"type": "path", "default": interleave_weights.RECORD_DIR},
     **host_root_argument_spec(),
 }
 
 
 def run(module: AnsibleModule) -> dict:
     params = module.params
-    plan = weights.make_plan(params["root"], params["source"], params["persist"], params["record_dir"])
+    plan = interleave_weights.make_plan(params["root"], params["source"], params["persist"], params["record_dir"])
     for warning in plan.warnings:  # a corrupt or foreign numa_cost record: the weights come from the next source
         module.warn(warning)
     if plan.changed and not module.check_mode:
-        weights.apply(plan)
-    result = weights.result(plan, module.check_mode)
+        knobs.apply(plan.knob)
+    result = interleave_weights.result(plan, module.check_mode)
     if module._diff and plan.changed:
-        result["diff"] = weights.diff(plan)
+        result["diff"] = interleave_weights.diff(plan)
     return result
 
 

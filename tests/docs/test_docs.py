@@ -14,7 +14,7 @@ import pytest
 import yaml
 from ansible.release import __version__ as ANSIBLE_VERSION
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.modules import (
     numa_audit, numa_balancing, numa_cost, numa_facts, numa_plan, numa_weights)
 

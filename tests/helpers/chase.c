@@ -1,4 +1,4 @@
-/* C reference for the Python pointer chase in plugins/module_utils/numa/act/cost.py.
+/* C reference for the Python pointer chase in plugins/module_utils/numa/measure/cost.py.
  *
  * Same method, minus the interpreter: a random single-cycle permutation (Sattolo)
  * of 64-byte lines in an anonymous mapping of BYTES, one 8-byte slot per line

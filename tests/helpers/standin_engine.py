@@ -30,7 +30,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MODEL_ID = "standin-model"
-# Larger than act/engine_http.MAX_ANSWER_BYTES (1 MiB).
+# Larger than measure/engine_http.MAX_ANSWER_BYTES (1 MiB).
 HUGE_BYTES = 2 << 20
 # Deeper than any JSON parser's recursion limit.
 DEEP_NESTING = 100000

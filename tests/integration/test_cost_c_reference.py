@@ -14,7 +14,7 @@ import pytest
 
 from tests.tools import needs
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(__file__)), "helpers", "chase.c")

@@ -4,7 +4,7 @@ import os
 import signal
 import time
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 

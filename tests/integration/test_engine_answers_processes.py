@@ -1,7 +1,7 @@
-"""The A/B gate's requests (act/ab_gate.measure) and the readiness probe (act/engine_http.status_problem) against a
-stand-in engine on loopback (tests/helpers/standin_engine.py) answering wrong in every way it knows: each ends in a
-NumaError of one line that names the URL, within the request's deadline, never another exception; a right engine is
-measured."""
+"""The A/B gate's requests (measure/ab_gate.measure) and the readiness probe (measure/engine_http.status_problem)
+against a stand-in engine on loopback (tests/helpers/standin_engine.py) answering wrong in every way it knows: each
+ends in a NumaError of one line that names the URL, within the request's deadline, never another exception; a right
+engine is measured."""
 
 import os
 import re
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate, engine_http
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate, engine_http
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from tests.helpers.standin_engine import BODY_MODES, EXCHANGE_MODES, StandinEngine
 

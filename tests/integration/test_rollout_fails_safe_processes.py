@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate, change_files, rollout, unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import change_files, rollout, unit_text
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import PLACEMENT_DROP_IN, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import systemctl as systemctl_reader
 from tests.helpers import standin_engine

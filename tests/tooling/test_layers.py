@@ -95,5 +95,5 @@ def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
     assert "cannot exec '/nonexistent/server'" in done.stderr, done.stderr
     imported = set(re.findall(r"\|\s+numa\.([\w.]+)\s*$", done.stderr, re.MULTILINE))
     assert {"cli.numa_pin", "inputs.request", "decide.placement", "system.kernel"} <= imported
-    assert imported & {"act.cost", "cli.cost_command", "read.audit", "read.numastat", "act.unit_text",
+    assert imported & {"measure.cost", "cli.cost_command", "read.audit", "read.numastat", "act.unit_text",
                        "act.balancing", "watch"} == set()

@@ -1,5 +1,5 @@
-"""The A/B gate's noise model and its reading of engine answers (act/ab_gate.py, act/engine_http.py), pure: rates
-and answers are made here, no server is asked (tests/integration/test_engine_answers_processes.py asks one)."""
+"""The A/B gate's noise model and its reading of engine answers (measure/ab_gate.py, measure/engine_http.py), pure:
+rates and answers are made here, no server is asked (tests/integration/test_engine_answers_processes.py asks one)."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate, engine_http
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate, engine_http
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate as gate_options
 

@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing as b
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing as b, knobs
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import boot_config
 from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
@@ -24,7 +25,7 @@ def plan(host, **request):
 
 
 def sequence(host, with_ours=False):
-    return [conf.path for conf in b.boot_sequence(host.path, with_ours)]
+    return [conf.path for conf in boot_config.boot_sequence(host.path, OURS, with_ours)]
 
 
 # ---------------------------------------------------------------- values and keys
@@ -51,14 +52,14 @@ def test_desired_value_refuses(state, value, words):
     "kernel.numa_balancing", "kernel/numa_balancing", " kernel.numa_balancing ", "/kernel/numa_balancing",
     "kernel//numa_balancing"])
 def test_canonical_key_spellings_match(spelling):
-    assert b.canonical_key(spelling) == "kernel/numa_balancing"
+    assert boot_config.canonical_key(spelling) == "kernel/numa_balancing"
 
 
 def test_canonical_key_keeps_dots_inside_a_slash_path():
     # sysctl.d(5): both name the same knob; the dot belongs to the interface name eth0.200.
-    assert b.canonical_key("net.ipv4.conf.eth0/200.forwarding") == "net/ipv4/conf/eth0.200/forwarding"
-    assert b.canonical_key("net/ipv4/conf/eth0.200/forwarding") == "net/ipv4/conf/eth0.200/forwarding"
-    assert b.canonical_key("/kernel.numa_balancing") != "kernel/numa_balancing"
+    assert boot_config.canonical_key("net.ipv4.conf.eth0/200.forwarding") == "net/ipv4/conf/eth0.200/forwarding"
+    assert boot_config.canonical_key("net/ipv4/conf/eth0.200/forwarding") == "net/ipv4/conf/eth0.200/forwarding"
+    assert boot_config.canonical_key("/kernel.numa_balancing") != "kernel/numa_balancing"
 
 
 # ---------------------------------------------------------------- parsing
@@ -78,7 +79,7 @@ def test_parse_sysctl_syntax():
         "= 5",  # 10 no key
         "kernel.numa_balancing = 0 # trailing text is part of the value",  # 11
     ])
-    found = b.parse_sysctl(text)
+    found = boot_config.parse_sysctl(text)
     assert [(a.key, a.value, a.line) for a in found] == [
         ("kernel/numa_balancing", "1", 3),
         ("kernel/numa_balancing", "2", 4),
@@ -90,7 +91,7 @@ def test_parse_sysctl_syntax():
 @pytest.mark.parametrize("written,wanted,same", [("0", 0, True), ("00", 0, True), ("1", 0, False),
                                                  ("0 # x", 0, True), ("yes", 1, False), ("", 0, False)])
 def test_same_value(written, wanted, same):
-    assert b.same_value(written, wanted) is same
+    assert boot_config.same_value(written, wanted) is same
 
 
 def test_render_dropin_has_header_and_keys():
@@ -98,7 +99,7 @@ def test_render_dropin_has_header_and_keys():
     header = [line for line in text.splitlines() if line.startswith("#")]
     assert any("Managed by Ansible" in line and "inferops.numa" in line for line in header)
     assert any("NUMA-bound" in line for line in header)
-    assert [a.key for a in b.parse_sysctl(text)] == ["kernel/numa_balancing", "vm/zone_reclaim_mode"]
+    assert [a.key for a in boot_config.parse_sysctl(text)] == ["kernel/numa_balancing", "vm/zone_reclaim_mode"]
     assert text.endswith("kernel.numa_balancing = 0\nvm.zone_reclaim_mode = 0\n")
 
 
@@ -279,7 +280,7 @@ def test_plan_values_and_idempotence(host):
     assert first.before == {"kernel.numa_balancing": 1, "vm.zone_reclaim_mode": 0}
     assert first.after == {"kernel.numa_balancing": 0, "vm.zone_reclaim_mode": 1}
     assert first.runtime_changes == [("kernel.numa_balancing", 0), ("vm.zone_reclaim_mode", 1)]
-    b.apply_runtime(first)
+    knobs.apply(first.knob)
     host.file(OURS, first.dropin_after)
     second = plan(host, zone_reclaim_mode=1)
     assert not second.changed and second.runtime_changes == [] and not second.dropin_changed
@@ -289,7 +290,7 @@ def test_plan_values_and_idempotence(host):
 
 def test_dropping_zone_reclaim_rewrites_the_dropin_but_leaves_the_knob(host):
     first = plan(host, zone_reclaim_mode=1)
-    b.apply_runtime(first)
+    knobs.apply(first.knob)
     host.file(OURS, first.dropin_after)
     second = plan(host)
     assert second.dropin_changed and "zone_reclaim" not in second.dropin_after
@@ -347,7 +348,7 @@ def test_runtime_write_errors_name_the_fix(host, monkeypatch, code, words):
     result = plan(host, state="tiering")
     monkeypatch.setattr(root_files, "open_under", _raising_open(code))
     with pytest.raises(NumaError, match=words.replace(".", r"\.")):
-        b.apply_runtime(result)
+        knobs.apply(result.knob)
 
 
 def test_runtime_read_permission_error_names_the_fix(host, monkeypatch):
@@ -358,9 +359,9 @@ def test_runtime_read_permission_error_names_the_fix(host, monkeypatch):
 
 def test_write_that_does_not_stick_fails(host, monkeypatch):
     result = plan(host)
-    monkeypatch.setattr(b, "read_runtime", lambda root, key: 1)
+    monkeypatch.setattr(knobs, "read_value", lambda root, name, path: "1")
     with pytest.raises(NumaError, match="kernel reports 1"):
-        b.apply_runtime(result)
+        knobs.apply(result.knob)
 
 
 def test_dropin_errors():
@@ -552,7 +553,7 @@ def test_a_knob_swapped_for_a_symlink_after_planning_is_not_written_through(insi
     os.remove(inside.real("/proc/sys/kernel/numa_balancing"))
     inside.symlink("/proc/sys/kernel/numa_balancing", outside.real("/proc/sys/kernel/numa_balancing"))
     with pytest.raises(NumaError, match="refusing to write kernel.numa_balancing .* is a symlink"):
-        b.apply_runtime(result)
+        knobs.apply(result.knob)
     assert snapshot(outside) == before
 
 

@@ -7,8 +7,7 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing
-from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
+from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files, safe_fs
 from ansible_collections.inferops.numa.plugins.modules import numa_balancing
 
 from tests.ansible_compat import clear_warnings, patch_module_args
@@ -115,9 +114,9 @@ def test_permission_error_on_the_knob_fails_with_the_fix(host, run, monkeypatch)
 
 
 def test_permission_error_on_the_dropin_fails_with_the_fix(host, run, monkeypatch):
-    def denied(directory, data):
+    def denied(directory, data, *mode_and_name):
         raise PermissionError(errno.EACCES, "Permission denied")
-    monkeypatch.setattr(balancing, "create_temporary", denied)
+    monkeypatch.setattr(safe_fs, "create_temporary", denied)
     code, out = run({"root": host.path})
     assert code == 1 and "become: true" in out["msg"] and host.real(OURS) in out["msg"]
 
@@ -271,18 +270,23 @@ def test_a_sysctl_d_another_user_owns_is_refused(host, run):
     assert not host.exists(OURS)
 
 
+def temporary(directory):
+    """The temporary file a drop-in is written to first (knobs.write_dropin, through safe_fs.write_atomically)."""
+    return safe_fs.create_temporary(directory, b"x", root_files.DROPIN_MODE, root_files.TEMPORARY_PREFIX)
+
+
 def test_the_temporary_name_is_fresh_and_never_written_through(host, monkeypatch, tmp_path):
     directory = os.open(host.real("/etc/sysctl.d"), os.O_RDONLY | os.O_DIRECTORY)
     try:
-        names = {balancing.create_temporary(directory, b"x") for _ in range(2)}
+        names = {temporary(directory) for _ in range(2)}
         assert len(names) == 2 and all(name.startswith(".") and not name.endswith(".conf") for name in names)
         # Even a planted guess of the name is not followed: creation fails and the link's target is unchanged.
-        monkeypatch.setattr(balancing.os, "urandom", lambda count: b"\0" * count)
+        monkeypatch.setattr(safe_fs.os, "urandom", lambda count: b"\0" * count)
         victim = tmp_path / "victim"
         victim.write_text("untouched\n")
         os.symlink(str(victim), host.real("/etc/sysctl.d/.inferops-numa-0000000000000000.tmp"))
         with pytest.raises(FileExistsError):
-            balancing.create_temporary(directory, b"x")
+            temporary(directory)
         assert victim.read_text() == "untouched\n"
     finally:
         os.close(directory)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import cost_command
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 
 from tests.unit.topo_factory import make_node, make_topology

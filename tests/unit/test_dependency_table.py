@@ -14,7 +14,7 @@ ARCHITECTURE = os.path.join(REPO, "docs", "architecture.md")
 def layer_table():
     """{"layer/module": (rank, layer)} from the rows: ``| 5. read | `kernel_files`, `topology` | ... |``.
 
-    The top level's own files (``__init__``, ``__main__``) are the edge's too: row ``8. cli`` lists them
+    The top level's own files (``__init__``, ``__main__``) are the edge's too: row ``9. cli`` lists them
     with a leading slash."""
     with open(ARCHITECTURE) as handle:
         rows = re.findall(r"^\| (\d+)\. (\w+) \| ((?:`/?\w+`(?:, )?)+) \|", handle.read(), re.MULTILINE)

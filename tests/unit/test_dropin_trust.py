@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing, weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import balancing, interleave_weights, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.system import root_files
 from tests.fixtures import sysfs
@@ -52,7 +52,7 @@ def balancing_dropin(tmp_path):
     """A host whose sysctl.d drop-in balancing wrote; (root, its path on the host)."""
     host = FakeRoot(tmp_path / "sysctl").knobs(balancing=1, zone_reclaim=0).debian()
     plan = balancing.make_plan(host.path, balancing.BalancingRequest())
-    balancing.write_dropin(plan)
+    knobs.write_dropin(plan.knob)
     return host.path, host.real(balancing.DROPIN_PATH)
 
 
@@ -63,9 +63,9 @@ def weights_dropin(tmp_path):
     directory = os.path.join(root, "etc/tmpfiles.d")
     os.makedirs(directory, 0o755)
     os.chmod(directory, 0o755)
-    path = os.path.join(directory, weights.DROPIN_NAME)
+    path = os.path.join(directory, interleave_weights.DROPIN_NAME)
     with open(path, "w") as handle:
-        handle.write(weights.dropin_text("hmat", {0: 1}, None))
+        handle.write(interleave_weights.dropin_text("hmat", {0: 1}, None))
     os.chmod(path, 0o644)
     return root, path
 
@@ -91,7 +91,7 @@ def test_balancing_rewrites_an_untrusted_dropin_even_with_the_right_text(tmp_pat
 @pytest.mark.parametrize("how", ["0664", "symlink"])
 def test_weights_refuses_an_untrusted_dropin(tmp_path, how):
     root, path = weights_dropin(tmp_path)
-    assert weights.read_dropin(root).startswith("# Written by inferops.numa")
+    assert knobs.read_trusted(root, interleave_weights.KNOB).startswith("# Written by inferops.numa")
     untrusted(path, how)
     with pytest.raises(NumaError, match="refusing to use %s: %s" % (path, "mode 0664" if how == "0664" else "a symlink")):
-        weights.read_dropin(root)
+        knobs.read_trusted(root, interleave_weights.KNOB)

@@ -9,7 +9,7 @@ import stat
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base import engines
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import request

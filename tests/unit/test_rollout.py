@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import ab_gate, change_files, rollout
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import change_files, rollout
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import Found, Service, decide, digest

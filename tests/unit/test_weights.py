@@ -1,5 +1,5 @@
 """Weighted-interleave weights: chosen from measured, HMAT or the kernel's auto (decide/weights.py), written to the
-kernel and a tmpfiles.d drop-in (act/weights.py), on constructed sysfs trees."""
+kernel and a tmpfiles.d drop-in (act/interleave_weights.py), on constructed sysfs trees."""
 
 import json
 import os
@@ -8,7 +8,8 @@ import re
 import pytest
 from hypothesis import given, strategies as st
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import cost, weights
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import interleave_weights, knobs
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import weights as choice
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
@@ -55,22 +56,22 @@ def test_weights_are_kernel_values_in_the_bandwidths_order(bandwidths):
 
 def test_hmat_weights_are_written_to_the_kernel_and_a_boot_time_dropin(tmp_path):
     root = host(tmp_path)
-    plan = weights.make_plan(root, read_record=no_record)
+    plan = interleave_weights.make_plan(root, read_record=no_record)
     assert plan.source == "hmat" and plan.desired == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
     assert "measured: no numa_cost record" in plan.reasons[0]
-    assert weights.result(plan, True)["msg"].startswith("would set node0 1 -> 2")
-    weights.apply(plan)
+    assert interleave_weights.result(plan, True)["msg"].startswith("would set node0 1 -> 2")
+    knobs.apply(plan.knob)
     assert kernel_weights(root) == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
-    dropin = open(os.path.join(root, "etc/tmpfiles.d", weights.DROPIN_NAME)).read()
+    dropin = open(os.path.join(root, "etc/tmpfiles.d", interleave_weights.DROPIN_NAME)).read()
     assert "w /sys/kernel/mm/mempolicy/weighted_interleave/node4 - - - - 1\n" in dropin
-    again = weights.make_plan(root, read_record=no_record)
-    assert not again.changed and weights.result(again, False)["msg"].startswith("weights already as wanted")
+    again = interleave_weights.make_plan(root, read_record=no_record)
+    assert not again.changed and interleave_weights.result(again, False)["msg"].startswith("weights already as wanted")
 
 
 def test_check_mode_plan_shows_the_diff_and_changes_nothing(tmp_path):
     root = host(tmp_path)
-    plan = weights.make_plan(root, read_record=no_record)
-    dropin_diff, runtime_diff = weights.diff(plan)
+    plan = interleave_weights.make_plan(root, read_record=no_record)
+    dropin_diff, runtime_diff = interleave_weights.diff(plan)
     assert dropin_diff["before"] == "" and "node0 - - - - 2" in dropin_diff["after"]
     assert "node4 = 1\n" in runtime_diff["before"] and "node0 = 2\n" in runtime_diff["after"]
     assert kernel_weights(root) == {node: 1 for node in range(5)}
@@ -85,18 +86,18 @@ def test_a_measured_record_of_this_topology_wins_over_hmat(tmp_path):
     state = str(tmp_path / "state")
     cost.record({"nodes": nodes, "bandwidth_gbps": matrix, "latency_ns": matrix,
                  "topology_signature": choice.topology_signature(read(root))}, state)
-    plan = weights.make_plan(root, record_dir=state)
+    plan = interleave_weights.make_plan(root, record_dir=state)
     assert plan.source == "measured" and plan.desired == {0: 10, 1: 10, 2: 10, 3: 10, 4: 3}, plan.reasons
 
 
 def test_a_record_of_another_topology_is_passed_over_with_the_reason(tmp_path):
     root = host(tmp_path)
     record = {"nodes": [0, 1], "bandwidth_gbps": [[1.0, 1.0], [1.0, 1.0]], "topology_signature": "node0:2cpu"}
-    plan = weights.make_plan(root, read_record=lambda _directory: record)
+    plan = interleave_weights.make_plan(root, read_record=lambda _directory: record)
     assert plan.source == "hmat"
     assert "of another topology" in plan.reasons[0]
     with pytest.raises(NumaError, match="no measured bandwidth to weigh by: measured: the numa_cost record is of"):
-        weights.make_plan(root, "measured", read_record=lambda _directory: record)
+        interleave_weights.make_plan(root, "measured", read_record=lambda _directory: record)
 
 
 def test_an_untrusted_record_is_passed_over_by_auto_and_refused_by_measured(tmp_path):
@@ -105,63 +106,63 @@ def test_an_untrusted_record_is_passed_over_by_auto_and_refused_by_measured(tmp_
     state.mkdir()
     (state / cost.RECORD_NAME).write_text(json.dumps({"nodes": []}))
     os.chmod(str(state / cost.RECORD_NAME), 0o666)
-    plan = weights.make_plan(root, record_dir=str(state))
+    plan = interleave_weights.make_plan(root, record_dir=str(state))
     assert plan.source == "hmat" and "only a regular file that root alone may write" in plan.reasons[0]
     with pytest.raises(NumaError, match="ignoring .*cost.json"):
-        weights.make_plan(root, "measured", record_dir=str(state))
+        interleave_weights.make_plan(root, "measured", record_dir=str(state))
 
 
 def test_without_hmat_or_record_a_616_kernel_computes_them(tmp_path):
     root = host(tmp_path, hmat=False, auto=False)
-    plan = weights.make_plan(root, read_record=no_record)
+    plan = interleave_weights.make_plan(root, read_record=no_record)
     assert plan.source == "kernel" and plan.auto_after is True and plan.desired == {}
-    weights.apply(plan)
+    knobs.apply(plan.knob)
     assert open(os.path.join(root, WEIGHTS, "auto")).read().strip() == "true"
     assert "w /sys/kernel/mm/mempolicy/weighted_interleave/auto - - - - true" in plan.dropin_after
 
 
 def test_explicit_weights_switch_a_kernels_auto_mode_off(tmp_path):
     root = host(tmp_path, auto=True)
-    plan = weights.make_plan(root, "hmat", read_record=no_record)
+    plan = interleave_weights.make_plan(root, "hmat", read_record=no_record)
     assert plan.auto_before is True and plan.auto_after is False
-    weights.apply(plan)
+    knobs.apply(plan.knob)
     assert open(os.path.join(root, WEIGHTS, "auto")).read().strip() == "false"
 
 
 def test_nothing_to_weigh_by_changes_nothing_and_says_why(tmp_path):
     root = host(tmp_path, hmat=False)
-    plan = weights.make_plan(root, read_record=no_record)
+    plan = interleave_weights.make_plan(root, read_record=no_record)
     assert not plan.changed and plan.source is None
     assert plan.reasons[-1] == "weights left as they are"
     assert any("HMAT gives no bandwidth" in reason for reason in plan.reasons)
     with pytest.raises(NumaError, match="choose source hmat or measured"):
-        weights.make_plan(root, "kernel", read_record=no_record)
+        interleave_weights.make_plan(root, "kernel", read_record=no_record)
     with pytest.raises(NumaError, match="no hmat bandwidth"):
-        weights.make_plan(root, "hmat", read_record=no_record)
+        interleave_weights.make_plan(root, "hmat", read_record=no_record)
 
 
 def test_a_kernel_without_weighted_interleave_gets_plain_interleave_and_the_reason(tmp_path):
     root = host(tmp_path, weights=False)
-    plan = weights.make_plan(root, read_record=no_record)
+    plan = interleave_weights.make_plan(root, read_record=no_record)
     assert not plan.supported and not plan.changed
     assert "6.1.0-40-amd64" in plan.reasons[0] and "plain interleave" in plan.reasons[0]
 
 
 def test_persist_false_removes_the_dropin(tmp_path):
     root = host(tmp_path)
-    weights.apply(weights.make_plan(root, read_record=no_record))
-    plan = weights.make_plan(root, persist=False, read_record=no_record)
+    knobs.apply(interleave_weights.make_plan(root, read_record=no_record).knob)
+    plan = interleave_weights.make_plan(root, persist=False, read_record=no_record)
     assert plan.changed and plan.dropin_after is None and not plan.runtime_changes
-    weights.apply(plan)
-    assert not os.path.exists(os.path.join(root, "etc/tmpfiles.d", weights.DROPIN_NAME))
+    knobs.apply(plan.knob)
+    assert not os.path.exists(os.path.join(root, "etc/tmpfiles.d", interleave_weights.DROPIN_NAME))
 
 
 def test_a_planted_symlink_at_the_dropin_is_refused(tmp_path):
     root = host(tmp_path)
     os.makedirs(os.path.join(root, "etc/tmpfiles.d"))
-    os.symlink("/etc/shadow", os.path.join(root, "etc/tmpfiles.d", weights.DROPIN_NAME))
+    os.symlink("/etc/shadow", os.path.join(root, "etc/tmpfiles.d", interleave_weights.DROPIN_NAME))
     with pytest.raises(NumaError, match="refusing to use .*a symlink"):
-        weights.make_plan(root, read_record=no_record)
+        interleave_weights.make_plan(root, read_record=no_record)
 
 
 def test_a_weight_file_replaced_by_a_symlink_is_never_written_through(tmp_path):
@@ -171,9 +172,9 @@ def test_a_weight_file_replaced_by_a_symlink_is_never_written_through(tmp_path):
     node0 = os.path.join(root, WEIGHTS, "node0")
     os.unlink(node0)
     os.symlink(str(target), node0)
-    plan = weights.make_plan(root, read_record=no_record)
+    plan = interleave_weights.make_plan(root, read_record=no_record)
     with pytest.raises(NumaError, match="refusing to write"):
-        weights.apply(plan)
+        knobs.apply(plan.knob)
     assert target.read_text() == "keep\n"
 
 
@@ -229,26 +230,27 @@ CORRUPT = [
 @pytest.mark.parametrize("cell, fields, said", CORRUPT)
 def test_a_corrupt_record_falls_back_to_hmat_with_one_line_saying_why(tmp_path, cell, fields, said):
     root = host(tmp_path)
-    plan = weights.make_plan(root, record_dir=write_record(tmp_path, record_text(root, cell, **fields)))
+    plan = interleave_weights.make_plan(root, record_dir=write_record(tmp_path, record_text(root, cell, **fields)))
     assert plan.source == "hmat" and plan.desired == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
     (warning,) = plan.warnings
     assert re.search(said, warning) and re.search(said, plan.reasons[0]), (warning, plan.reasons)
     assert warning.startswith("the numa_cost record is not used, the next source is: ") and "\n" not in warning
     assert re.search("; (measure again with numa_cost record: true|remove it)", warning), warning
     with pytest.raises(NumaError):  # asked for the measurement alone: refused, naming the same cause
-        weights.make_plan(root, "measured", record_dir=write_record(tmp_path, record_text(root, cell, **fields)))
+        interleave_weights.make_plan(root, "measured",
+                                     record_dir=write_record(tmp_path, record_text(root, cell, **fields)))
 
 
 def test_a_sound_record_gives_no_warning_and_no_record_is_no_warning(tmp_path):
     root = host(tmp_path)
-    assert not weights.make_plan(root, read_record=no_record).warnings
-    plan = weights.make_plan(root, record_dir=write_record(tmp_path, record_text(root, "30.0")))
+    assert not interleave_weights.make_plan(root, read_record=no_record).warnings
+    plan = interleave_weights.make_plan(root, record_dir=write_record(tmp_path, record_text(root, "30.0")))
     assert plan.source == "measured" and not plan.warnings
 
 
 def test_a_record_that_is_no_object_is_passed_over(tmp_path):
     root = host(tmp_path)
-    plan = weights.make_plan(root, read_record=lambda _directory: [1, 2])
+    plan = interleave_weights.make_plan(root, read_record=lambda _directory: [1, 2])
     assert plan.source == "hmat" and plan.warnings == (
         "the numa_cost record is not used, the next source is: the numa_cost record is no JSON object; measure again "
         "with numa_cost record: true",)

@@ -1,1 +1,1 @@
-"""Layer 6: changing or measuring a host (balancing, replicas, page cache, unit text, the cost measurement)."""
+"""Layer 7: changing a host (persisted kernel knobs, replicas, page cache, resctrl groups, unit text, a rollout)."""

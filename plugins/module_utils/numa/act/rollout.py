@@ -17,7 +17,7 @@ The order of a deployment (``deploy``):
      a crash into ``activating (auto-restart)``, never ``failed``) is failed at once, quoting the last lines
      of its journal;
    - the audit, where asked (read/audit);
-   - the A/B gate, where asked (act/ab_gate): tokens per second before the restart and after it. A rate that
+   - the A/B gate, where asked (measure/ab_gate): tokens per second before the restart and after it. A rate that
      cannot be measured before the restart leaves the instance as it is and takes the change back; after it,
      the change is taken back too. A first deployment's baseline is the same server started once without a
      placement (the Linux default, through a runtime drop-in), so the gate measures what binding gains here;
@@ -40,8 +40,8 @@ import socket
 import time
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
-from . import engine_http
-from .ab_gate import Gate, judge, measure
+from ..measure import engine_http
+from ..measure.ab_gate import Gate, judge, measure
 from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, remove_pending,
                            write_files, write_pending, write_rejected)
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     Recipe = Callable[[GpuMap, bool], Parts]
 
 GENERIC = "generic"
-# The APIs an A/B gate can measure an engine by (act/ab_gate asks each its own way): llama-server's /completion,
+# The APIs an A/B gate can measure an engine by (measure/ab_gate asks each its own way): llama-server's /completion,
 # which says its decode rate, or an OpenAI-compatible /v1/completions, timed.
 LLAMA_CPP_API = "llama.cpp"
 OPENAI_API = "openai"

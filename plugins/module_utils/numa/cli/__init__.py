@@ -1,1 +1,1 @@
-"""Layer 8, the edge: numa-pin's commands, arguments in and exit codes out. Nothing else imports it."""
+"""Layer 9, the edge: numa-pin's commands, arguments in and exit codes out. Nothing else imports it."""

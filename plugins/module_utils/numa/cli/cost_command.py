@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ..act import cost
+from ..measure import cost
 from ..read.audit import load_plan
 
 TYPE_CHECKING = False

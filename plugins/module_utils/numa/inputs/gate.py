@@ -1,7 +1,7 @@
 """How an A/B gate measures a placement change: each option declared once, with the bounds it must keep.
 
 ``OPTIONS`` holds the name, type, default, choices and bounds of a service's ``ab_gate`` keys; numa_rollout's
-argument spec (``argument_spec``), the preflight's check of every entry (``problems``) and act/ab_gate's
+argument spec (``argument_spec``), the preflight's check of every entry (``problems``) and measure/ab_gate's
 ``Gate`` are built from it, so a value the gate would refuse after a restart is refused before any host is
 changed. NaN and the infinities are refused everywhere: NaN compares false, so a NaN threshold would roll back
 every change and an infinite one would keep every loss.

@@ -1,1 +1,1 @@
-"""Layer 7: the metrics snapshot, drift actions and one host's page of the fleet report."""
+"""Layer 8: the metrics snapshot, drift actions and one host's page of the fleet report."""

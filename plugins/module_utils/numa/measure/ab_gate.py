@@ -5,7 +5,7 @@ Field reports on binding are mixed (2x on dual Xeons, +1.9 % at 98 % local pages
 intermittently worse), so a change of placement is judged on the host it runs on. Rates come from the server:
 llama-server's ``/completion`` says its decode rate (``timings.predicted_per_second``); an OpenAI-compatible server
 (vLLM, SGLang, TensorRT-LLM) is timed here, completion tokens over the request's wall time. Every answer is data
-until it is a finite positive rate (act/engine_http: one deadline per request, a size cap, strict JSON): anything
+until it is a finite positive rate (measure/engine_http: one deadline per request, a size cap, strict JSON): anything
 else is a NumaError, and the rollout goes back rather than keep what it could not measure.
 
 The noise model. Before and after cannot be interleaved: a placement is a process's, so the rounds before the
