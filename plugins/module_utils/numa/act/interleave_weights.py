@@ -101,9 +101,9 @@ def make_plan(root: str, source: str = "auto", persist: bool = True, record_dir:
     base = dict(root=root, supported=False, source=None, bandwidth={}, before=before, desired={},
                 auto_before=auto_before, auto_after=None, dropin_before=dropin_before, dropin_after=dropin_before)
     if not features.get("weighted_interleave"):
+        release = features.get("release") or "release unknown"
         return _plan(reasons=["the kernel (%s) has no weighted interleave (Linux 6.9+): interleaved instances "
-                                    "get plain interleave, equal pages on each node" % (features.get("release")
-                                                                                        or "release unknown")], **base)
+                              "get plain interleave, equal pages on each node" % release], **base)
     base["supported"] = True
     found, reasons, unusable = _bandwidths(facts, source, record_dir, read_record)
     if unusable:

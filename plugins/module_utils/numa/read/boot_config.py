@@ -63,7 +63,6 @@ class Setting(NamedTuple):
     position: int  # index of its file in the boot sequence
 
 
-
 # ---------------------------------------------------------------- keys
 
 
@@ -80,7 +79,6 @@ def canonical_key(key: str) -> str:
     return re.sub(r"/+", "/", key).strip("/")
 
 
-
 def by_path(keys: List[str]) -> Dict[str, str]:
     """canonical_key form -> dotted name, to match any spelling of the keys we manage."""
     return {canonical_key(key): key for key in keys}
@@ -91,7 +89,6 @@ def same_value(written: str, wanted: int) -> bool:
         return int(written.split()[0]) == wanted
     except (ValueError, IndexError):
         return False
-
 
 
 # ---------------------------------------------------------------- sysctl.d parsing
@@ -118,7 +115,6 @@ def parse_sysctl(text: str) -> List[Assignment]:
             continue
         found.append(Assignment(canonical_key(key), value.strip(), number))
     return found
-
 
 
 # ---------------------------------------------------------------- boot order
@@ -223,7 +219,6 @@ def _conflict_fix(root: str, setting: Setting) -> str:
     # Files under /usr, /lib and /run belong to packages or generators: an edit would not last.
     return ("mask %s with a same-named symlink to /dev/null in /etc/sysctl.d (that disables the whole file), "
             "or override it in an /etc/sysctl.d file that sorts after it" % where)
-
 
 
 # ---------------------------------------------------------------- tuned
@@ -338,4 +333,3 @@ def read_tuned(root: str, keys: List[str], warnings: List[str]) -> Optional[Dict
         "settings": found,
         "reapply_sysctl": _tuned_reapplies_sysctl(root),
     }
-
