@@ -122,7 +122,7 @@ MUTANTS = [
     Mutant("audit-pages-all-anon-only", MU + "read/audit.py",
            'return entry["anon"] + entry["file"]', 'return entry["anon"]',
            "pages=all counts only anon memory", AUDIT_TESTS),
-    Mutant("audit-enforced-policies", MU + "read/audit.py",
+    Mutant("audit-enforced-policies", MU + "inputs/judging.py",
            'ENFORCED_POLICIES = ("bind",)', 'ENFORCED_POLICIES = ("bind", "preferred")',
            "a preferred plan's local share is enforced too", AUDIT_TESTS),
     Mutant("audit-weight-band-boundary", MU + "read/audit.py",

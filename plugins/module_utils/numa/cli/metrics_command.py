@@ -13,7 +13,7 @@ import time
 
 from ..act import resctrl_groups
 from ..watch import drift, exposition, metrics
-from ..read.audit import run_command
+from ..read.systemctl import run_command
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -29,6 +29,9 @@ PAGE_SELECTIONS = OPTIONS[1].choices
 # For the signatures of the audit functions: the same defaults, by name.
 DEFAULT_MIN_LOCAL_PERCENT = DEFAULTS["min_local_percent"]
 DEFAULT_PAGES = DEFAULTS["pages"]
+# The policies whose local share min_local_percent holds to: a preferred plan may spill by design and an interleaved
+# one is judged by its spread, so only a bind plan fails below the threshold.
+ENFORCED_POLICIES = ("bind",)
 
 
 def argument_spec() -> Dict[str, Dict[str, Any]]:

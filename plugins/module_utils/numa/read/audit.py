@@ -54,7 +54,6 @@ from ..decide.records import plan_problem
 from ..system import trusted_files
 
 KINDS = ("anon", "file", "code")
-ENFORCED_POLICIES = ("bind",)
 INTERLEAVE_POLICIES = ("interleave", "weighted-interleave")
 # Under weighted interleave each node's share of the pages must be within this many percentage points of its
 # weight's share: the kernel hands out pages in weight-long runs per allocation, and a 2 MiB THP or a large
@@ -475,7 +474,7 @@ def judge(processes: List[Dict[str, Any]], expect: Optional[Expectation], min_lo
 
 def _memory_problems(totals: Mapping[int, Mapping[str, int]], expect: Expectation, min_local_percent: float,
                      pages: str, local: Optional[float]) -> List[str]:
-    if expect.policy not in ENFORCED_POLICIES:
+    if expect.policy not in judging.ENFORCED_POLICIES:
         return []
     if local is None:
         return ["no %s memory is resident: nothing to hold to the bind plan; check that these are the "

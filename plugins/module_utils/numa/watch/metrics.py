@@ -275,7 +275,7 @@ def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
     entry["up"] = True
     entry["affinity_match"] = not any(process["threads_outside"] for process in report["processes"])
     judged = report.get("local_percent")
-    entry["drift"] = bool(entry["judged"] and entry["policy"] in audit.ENFORCED_POLICIES and judged is not None
+    entry["drift"] = bool(entry["judged"] and entry["policy"] in judging.ENFORCED_POLICIES and judged is not None
                           and judged < entry["min_local_percent"])
     entry["message"] = report["msg"]
 
