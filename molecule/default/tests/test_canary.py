@@ -75,6 +75,9 @@ def inventory(tmp_path):
                                "name": service(name), "layout": "single", "gpus": "none",
                                "command": ["/usr/bin/python3", "/usr/local/lib/inferops-lab/weights_server.py",
                                            "--port", "{port}", "--weights-mb", "32"],
+                               # A node of its own choosing: an automatic choice follows free memory, which the
+                               # guest's other services move between the deployment's plan and numa-pin's at start.
+                               "node": 1,
                                "port_base": settings["port"], "model_size": "32M", "memory_headroom": "16M",
                                "type": "notify", "pages": "anon", "user": "llama",
                                # A start that fails is failed at once, not restarted until the gate's time is up.
