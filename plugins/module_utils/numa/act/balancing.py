@@ -86,10 +86,6 @@ class BalancingPlan(NamedTuple):
         return [(setting.name, self.desired[setting.name]) for setting in self.knob.runtime_changes]
 
     @property
-    def dropin_before(self) -> Optional[str]:
-        return self.knob.dropin_before
-
-    @property
     def dropin_after(self) -> Optional[str]:
         """The wanted drop-in content, None when it must not exist (or stays masked)."""
         return self.knob.dropin_after
