@@ -5,8 +5,12 @@ The NUMA balancing sysctl (act/balancing, a sysctl.d drop-in) and the weighted-i
 and returns a ``KnobPlan``; this module is the one way a knob's drop-in is read and judged, its plan applied and
 verified, and shown in diff mode. A new knob is one module that builds a ``KnobPlan``.
 
-Nothing records a runtime value before the first change, so removing a drop-in (``dropin_after`` None) leaves the
-running kernel as it is and the host's other boot files decide the value at the next boot.
+Before a knob's first change, ``apply`` records what was there (``record_originals``): each runtime value the plan
+sets and what stood at the drop-in's path, in ``ORIGINALS_DIR/<owner>.json`` under root. A value is recorded once:
+a later run adds the settings it newly manages and never overwrites one, so the record keeps the host's own values
+and not the collection's. ``plan_restore`` and ``restore`` put them back and delete the record. Removing a drop-in
+alone (``dropin_after`` None) leaves the running kernel as it is and the host's other boot files decide the value at
+the next boot.
 
 Files under ``root`` are reached through system/root_files: never through a symlink, the drop-in's directories
 writable by root only, the drop-in judged by ``root_files.dropin_distrust`` and written atomically, and no error
@@ -14,6 +18,7 @@ quotes a file's content.
 """
 
 import errno
+import json
 import os
 import posixpath
 import stat
@@ -23,10 +28,16 @@ from ..base.errors import NumaError
 from ..read.boot_config import MASK_TARGET  # systemd's one way to disable a drop-in's name, tmpfiles.d's too
 from ..system import safe_fs
 from ..system.root_files import (BECOME_FIX, DROPIN_MODE, MAX_TEXT_BYTES, TEMPORARY_PREFIX, Refused, dropin_distrust,
-                                 host_path, open_dir, open_in, read_handle, read_under, refusal, remove, resolve,
-                                 write_error, write_under)
+                                 host_path, open_dir, open_in, put_link, read_handle, read_under, refusal, remove,
+                                 resolve, write_error, write_under)
 
 _MAX_VALUE_BYTES = 4096
+# Where the originals of every knob are kept, one record per knob named by its owner; root's alone (ORIGINALS_DIR).
+ORIGINALS_DIR = "/var/lib/inferops-numa/originals"
+ORIGINALS_FORMAT = 1
+ORIGINALS_MODE = 0o600
+# What stood at the drop-in's path before the first change.
+ABSENT, FILE, MASK = "absent", "file", "mask"
 
 
 class Knob(NamedTuple):
@@ -153,18 +164,27 @@ def read_trusted(root: str, knob: Knob) -> Optional[str]:
 
 def write_dropin(plan: KnobPlan) -> None:
     """Replace or remove the drop-in atomically: a half-written one would apply at boot."""
-    path, name = plan.dropin_file, posixpath.basename(plan.knob.dropin_path)
+    _put_dropin(plan.root, plan.knob, FILE if plan.dropin_after is not None else ABSENT, plan.dropin_after,
+                DROPIN_MODE)
+
+
+def _put_dropin(root: str, knob: Knob, kind: str, text: Optional[str], mode: int) -> None:
+    """The drop-in's path made to hold ``kind``: the file ``text`` with ``mode``, nothing, or a mask."""
+    path, name = host_path(root, knob.dropin_path), posixpath.basename(knob.dropin_path)
     try:
-        directory = open_dir(plan.root, posixpath.dirname(plan.knob.dropin_path), create=plan.dropin_after is not None,
-                             root_only=True)
+        directory = open_dir(root, posixpath.dirname(knob.dropin_path), create=kind != ABSENT, root_only=True)
     except OSError as exc:
+        if kind == ABSENT and isinstance(exc, FileNotFoundError):  # no directory, no drop-in: nothing to remove
+            return
         raise write_error(path, exc) from None
     try:
-        if plan.dropin_after is None:
+        if kind == ABSENT:
             _remove_quietly(directory, name)
             os.fsync(directory)  # the removal must survive a crash, or boot applies the old file
+        elif kind == MASK:
+            put_link(directory, name, MASK_TARGET, TEMPORARY_PREFIX)
         else:
-            safe_fs.write_atomically(directory, name, plan.dropin_after.encode("utf-8"), DROPIN_MODE, TEMPORARY_PREFIX)
+            safe_fs.write_atomically(directory, name, (text or "").encode("utf-8"), mode, TEMPORARY_PREFIX)
     except OSError as exc:
         raise write_error(path, exc) from None
     finally:
@@ -233,12 +253,242 @@ def verify(plan: KnobPlan) -> None:
 
 
 def apply(plan: KnobPlan) -> None:
-    """Make the running kernel and the drop-in match the plan, then check that the kernel holds the values."""
+    """Make the running kernel and the drop-in match the plan, then check that the kernel holds the values.
+
+    What was there is recorded first (``record_originals``), so a restore can put it back."""
+    record_originals(plan)
     for setting in plan.runtime_changes:
         _write_setting(plan.root, setting)
     if plan.dropin_changed:
         write_dropin(plan)
     verify(plan)
+
+
+# ---------------------------------------------------------------- the originals
+
+
+class DropinOriginal(NamedTuple):
+    """What stood at the drop-in's path before the first change."""
+
+    kind: str  # ABSENT, FILE or MASK
+    content: Optional[str]  # FILE's text
+    mode: int  # FILE's permission bits, never writable by others (the drop-in trust rule)
+
+
+class Originals(NamedTuple):
+    """A knob's originals record: its runtime values in the order apply writes them, and its drop-in."""
+
+    settings: Tuple[Tuple[str, str, Optional[str]], ...]  # (name, root-relative path, value; None: file was absent)
+    dropin: DropinOriginal
+
+
+class RestorePlan(NamedTuple):
+    """What putting a knob's originals back changes; ``refused`` (a record not to be trusted) is the module's to report."""
+
+    knob: KnobPlan  # settings in reverse order of apply, the drop-in's text before and after, for changed and diff
+    record: Optional[str]  # the record's path as shown; None: there is none, nothing to restore
+    dropin: Optional[DropinOriginal]
+    refused: Optional[str] = None
+
+    @property
+    def changed(self) -> bool:
+        return self.record is not None and self.refused is None  # the record at least is deleted
+
+
+def originals_path(root: str, knob: Knob) -> str:
+    return host_path(root, "%s/%s.json" % (ORIGINALS_DIR, knob.owner))
+
+
+def _record_refusal(root: str, knob: Knob, cause: str) -> str:
+    return ("refusing the originals record %s: %s; nothing was changed. Remove it and set %s by hand, or, if root "
+            "wrote what it holds, make it a regular file of root's with mode 0600"
+            % (originals_path(root, knob), cause, knob.owner))
+
+
+def _open_originals_dir(root: str, create: bool) -> int:
+    return open_dir(root, ORIGINALS_DIR, create=create, rule=safe_fs.ORIGINALS_DIR)
+
+
+def read_originals(root: str, knob: Knob) -> Tuple[Optional[Originals], Optional[str]]:
+    """(the knob's originals, None), (None, None) when it has no record, or (None, why the record is refused)."""
+    name = knob.owner + ".json"
+    try:
+        directory = _open_originals_dir(root, create=False)
+    except FileNotFoundError:
+        return None, None
+    except Refused as exc:
+        return None, _record_refusal(root, knob, "%s (%s)" % (exc, exc.fix))
+    except OSError as exc:
+        return None, _record_refusal(root, knob, "its directory cannot be opened (%s)" % (exc.strerror or exc))
+    try:
+        text = _read_record(directory, name, originals_path(root, knob))
+    except FileNotFoundError:
+        return None, None
+    except Refused as exc:
+        return None, _record_refusal(root, knob, "it is %s" % exc.found)
+    except OSError as exc:
+        return None, _record_refusal(root, knob, "it cannot be read (%s)" % (exc.strerror or exc))
+    finally:
+        os.close(directory)
+    originals = _parse_originals(text, knob)
+    return (originals, None) if originals is not None else (None, _record_refusal(
+        root, knob, "not the JSON record of %s's originals this collection writes" % knob.owner))
+
+
+def _read_record(directory: int, name: str, shown: str) -> str:
+    handle = open_in(directory, name, os.O_RDONLY, shown)  # Refused: a symlink, or not a regular file
+    try:
+        # Judged through the descriptor read: what was judged is what is restored.
+        distrust = dropin_distrust(os.fstat(handle))
+        if distrust is not None:
+            raise Refused(shown, distrust, "")
+        return read_handle(handle, MAX_TEXT_BYTES, shown)
+    finally:
+        os.close(handle)
+
+
+def _parse_originals(text: str, knob: Knob) -> Optional[Originals]:
+    """The record's content, None when it is not one this module wrote for ``knob``: every path it names must be
+    the knob's own, so even a record that passed the trust rule cannot make root write elsewhere."""
+    try:
+        data = json.loads(text)
+        dropin = data["dropin"]
+        settings = tuple((str(item["name"]), str(item["path"]), _optional_text(item["value"]))
+                         for item in data["settings"])
+        original = DropinOriginal(dropin["kind"], _optional_text(dropin.get("content")), int(dropin.get("mode", 0)))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return None
+    runtime_dir = knob.runtime_dir.rstrip("/") + "/"
+    if (data.get("format") != ORIGINALS_FORMAT or data.get("knob") != knob.owner
+            or dropin.get("path") != knob.dropin_path or original.kind not in (ABSENT, FILE, MASK)
+            or (original.kind == FILE) != (original.content is not None)
+            or any(posixpath.normpath(path) != path or not path.startswith(runtime_dir) for _n, path, _v in settings)):
+        return None
+    return Originals(settings, original._replace(mode=original.mode & ~0o022 & 0o7777))
+
+
+def _optional_text(value: object) -> Optional[str]:
+    if value is not None and not isinstance(value, str):
+        raise TypeError("not text")
+    return value
+
+
+def _dropin_original(found: Dropin) -> DropinOriginal:
+    """What to put back for the drop-in ``found``. A symlink that is no mask is recorded as absent: put back, root
+    would apply at boot whatever it points to."""
+    if found.masked:
+        return DropinOriginal(MASK, None, 0)
+    if found.content is None or found.mode is None:
+        return DropinOriginal(ABSENT, None, 0)
+    return DropinOriginal(FILE, found.content, found.mode & ~0o022)
+
+
+def _originals_data(knob: Knob, originals: Originals) -> Dict[str, object]:
+    dropin = {"path": knob.dropin_path, "kind": originals.dropin.kind}  # type: Dict[str, object]
+    if originals.dropin.kind == FILE:
+        dropin.update(content=originals.dropin.content, mode=originals.dropin.mode)
+    return {"format": ORIGINALS_FORMAT, "knob": knob.owner, "dropin": dropin,
+            "settings": [{"name": name, "path": path, "value": value} for name, path, value in originals.settings]}
+
+
+def record_originals(plan: KnobPlan) -> None:
+    """Record the plan's runtime files and the drop-in, as they are before it changes them; a setting or the
+    drop-in already recorded keeps its record (it holds the host's value, what is there now may be ours)."""
+    known, refused = read_originals(plan.root, plan.knob)
+    if refused is not None:
+        raise NumaError(refused)
+    first = known is None
+    if known is None:
+        known = Originals((), _dropin_original(inspect_dropin(plan.root, plan.knob.dropin_path)))
+    recorded = set(name for name, _path, _value in known.settings)
+    # Every runtime file the plan names, set or not: a write may change another (a weight turns the kernel's auto off).
+    added = tuple((s.name, s.path, s.before) for s in plan.settings if s.name not in recorded)
+    if first or added:
+        _write_originals(plan.root, plan.knob, known._replace(settings=known.settings + added))
+
+
+def _write_originals(root: str, knob: Knob, originals: Originals) -> None:
+    text = json.dumps(_originals_data(knob, originals), indent=1, sort_keys=True) + "\n"
+    path = originals_path(root, knob)
+    try:
+        directory = _open_originals_dir(root, create=True)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        safe_fs.write_atomically(directory, posixpath.basename(path), text.encode("utf-8"), ORIGINALS_MODE,
+                                 TEMPORARY_PREFIX)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    finally:
+        os.close(directory)
+
+
+def plan_restore(root: str, knob: Knob) -> RestorePlan:
+    """What putting the recorded originals back changes; reads, writes nothing."""
+    originals, refused = read_originals(root, knob)
+    empty = KnobPlan(knob, root, (), None, None, None, [], [])
+    if refused is not None or originals is None:
+        reason = refused or "no originals recorded in %s: nothing to restore" % originals_path(root, knob)
+        return RestorePlan(empty._replace(reasons=[reason]), None, None, refused)
+    # Undone last to first: a later write may change an earlier one (a weight written turns the kernel's auto off).
+    settings = tuple(Setting(name, path, read_value(root, name, path), value)
+                     for name, path, value in reversed(originals.settings))
+    found = inspect_dropin(root, knob.dropin_path)
+    plan = empty._replace(settings=settings, dropin_before=found.content, dropin_after=originals.dropin.content,
+                          dropin_flaw=_restore_flaw(originals.dropin, found),
+                          reasons=["the originals recorded in %s" % originals_path(root, knob)])
+    return RestorePlan(plan, originals_path(root, knob), originals.dropin)
+
+
+def _restore_flaw(original: DropinOriginal, found: Dropin) -> Optional[str]:
+    """Why the drop-in's path must change although its text is already the original's (or both have none)."""
+    if original.kind == MASK:
+        return None if found.masked else "the mask (a symlink to %s) is put back" % MASK_TARGET
+    if original.kind == ABSENT:
+        return found.distrust  # a mask or a link there: removed
+    if found.distrust is not None:
+        return found.distrust
+    return None if found.mode == original.mode else "mode %04o, not %04o" % (found.mode or 0, original.mode)
+
+
+def restore(plan: RestorePlan) -> None:
+    """Put the originals back (runtime values, then the drop-in), check the kernel holds them, delete the record."""
+    if plan.dropin is None or plan.record is None:
+        return
+    for setting in plan.knob.runtime_changes:
+        _write_setting(plan.knob.root, setting)
+    if plan.knob.dropin_changed:
+        _put_dropin(plan.knob.root, plan.knob.knob, plan.dropin.kind, plan.dropin.content, plan.dropin.mode)
+    verify(plan.knob)
+    _remove_originals(plan.knob.root, plan.knob.knob)
+
+
+def _remove_originals(root: str, knob: Knob) -> None:
+    path = originals_path(root, knob)
+    try:
+        directory = _open_originals_dir(root, create=False)
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    try:
+        _remove_quietly(directory, posixpath.basename(path))
+        os.fsync(directory)  # a record that came back after a crash would restore again, over later changes
+    except OSError as exc:
+        raise write_error(path, exc) from None
+    finally:
+        os.close(directory)
+
+
+def restore_summary(plan: RestorePlan, check_mode: bool) -> str:
+    """What a restore did (or would do), for the module's msg."""
+    if plan.record is None:
+        return "; ".join(plan.knob.reasons)
+    parts = ["%s %s -> %s" % (s.name, s.before, s.after) for s in reversed(plan.knob.runtime_changes)]
+    if plan.knob.dropin_changed and plan.dropin is not None:
+        parts.append("%s %s" % (plan.knob.dropin_file, {ABSENT: "removed", FILE: "put back", MASK: "masked again"}
+                                [plan.dropin.kind]))
+    parts.append("record %s deleted" % plan.record)
+    return "%s the originals of %s: %s" % ("would restore" if check_mode else "restored", plan.knob.knob.owner,
+                                          "; ".join(parts))
 
 
 # ---------------------------------------------------------------- reporting

@@ -116,13 +116,14 @@ def write_error(path: str, exc: OSError) -> NumaError:
 # ---------------------------------------------------------------- reaching files
 
 
-def open_dir(root: str, path: str, create: bool = False, root_only: bool = False) -> int:
+def open_dir(root: str, path: str, create: bool = False, root_only: bool = False,
+             rule: Optional[safe_fs.TrustRule] = None) -> int:
     """Descriptor of directory ``path`` (absolute on the target) under ``root``, without following links.
 
-    ``root_only`` refuses a directory below root that another user may write (safe_fs.SYSCTL_DIR);
-    with it, ``create`` makes missing directories as that rule makes them.
+    ``root_only`` refuses a directory below root that another user may write (safe_fs.SYSCTL_DIR), ``rule``
+    judges by another of safe_fs's rules; with either, ``create`` makes missing directories as that rule makes them.
     """
-    rule = safe_fs.SYSCTL_DIR if root_only else None
+    rule = rule or (safe_fs.SYSCTL_DIR if root_only else None)
     directory, problem, _owner = safe_fs.open_directory(root, safe_fs.names_of(root, path), rule, create,
                                                         judge_start=False)
     if problem:
@@ -244,6 +245,15 @@ def remove(directory: int, name: str) -> None:
     """The file ``name`` in ``directory`` removed (a link itself, never its target); FileNotFoundError when
     there is none."""
     os.unlink(name, dir_fd=directory)
+
+
+def put_link(directory: int, name: str, target: str, prefix: str) -> None:
+    """``name`` in ``directory`` made a symlink to ``target`` at once: made under a random name, renamed over
+    whatever was there (a file or a link itself, never a link's target), the rename synced."""
+    temporary = safe_fs.temporary_name(prefix, ".tmp")
+    os.symlink(target, temporary, dir_fd=directory)
+    safe_fs.rename_into_place(directory, temporary, name)
+    os.fsync(directory)
 
 
 def remove_directory(directory: int, name: str) -> None:

@@ -125,6 +125,9 @@ TRUSTED_FILE = RECORD_DIR
 #: A deployment's units, drop-ins and records (act/change_files), from / down, made 0755 when missing: what root
 #: writes there decides what every server runs, and the record of a change not judged yet what a rollback restores.
 DEPLOYED = TrustRule("deployed", ROOT_OR_SELF, GROUP_REFUSED, False, EVERY, 0o755)
+#: The originals of the kernel knobs root changed (act/knobs), reached from root's prefix down, made 0700 when missing:
+#: a restore writes what they hold back into the kernel and the boot drop-ins, so no one but root may have a say.
+ORIGINALS_DIR = TrustRule("originals", ROOT_OR_SELF, GROUP_REFUSED, False, EVERY, 0o700)
 #: numa-pin's installed code and launcher, from / down, by path and by realpath; a missing part is
 #: not installed yet. Kept by roles/numa_host/files/installed_stamp.py, which runs on the host
 #: before this package is there (tests/unit/test_safe_fs.py holds the two to the same verdicts).
