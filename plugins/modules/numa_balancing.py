@@ -46,8 +46,17 @@ options:
         hot pages are still promoted from the slower tier while nothing is balanced across sockets, and C(disabled)
         everywhere else. C(msg) says which and why, and C(state) returns it.
       - C(disabled) on a host with memory tiers is applied with a warning that promotion from the slower tier stops.
+      - C(original) puts back what was there before this module's first change on the host. That first change
+        records, once, the runtime values it sets and what stood at the drop-in's path (a file and its text and
+        mode, nothing, or a mask) in C(/var/lib/inferops-numa/originals/numa_balancing.json), a file only root may
+        read in a directory only root may write; later runs add a key they newly set, never overwrite one. C(original)
+        writes the recorded values back, puts the drop-in back byte for byte (its mode less group and other write) or
+        removes it, checks the kernel holds the values, and deletes the record. With no record it changes nothing
+        and says so. A record that is a symlink, not root's, writable by others, or not the JSON this module writes
+        (or naming a file that is not this knob's) is refused, naming the cause and the fix, and nothing is changed.
+        I(value) and I(zone_reclaim_mode) are refused with it; I(persist), I(on_conflict) and I(force) are not used.
     type: str
-    choices: [disabled, enabled, tiering, raw, auto]
+    choices: [disabled, enabled, tiering, raw, auto, original]
     default: disabled
   value:
     description:
@@ -92,7 +101,7 @@ attributes:
     support: full
   diff_mode:
     support: full
-    details: The diff shows the drop-in file and the runtime values.
+    details: The diff shows the drop-in file and the runtime values (with I(state=original), what is put back).
   platform:
     support: full
     platforms: [linux]
@@ -103,6 +112,8 @@ notes:
     key that a file sets explicitly.
   - With tuned's default C(reapply_sysctl=1), tuned re-applies C(/etc/sysctl.d) after its profile, so the drop-in
     wins again, but the knob flips in between; the warning says how to fix the profile.
+  - Values set before the originals record existed (by an older release of the collection) cannot be told from the
+    host's own, so the first recorded run records what it finds.
   - Full behaviour and the boot-order rules are in the collection's C(docs/numa_balancing.md).
 seealso:
   - name: Kernel documentation of numa_balancing
@@ -159,6 +170,11 @@ EXAMPLES = r"""
     persist: false
   become: true
 
+- name: Put back the value and the drop-in the host had before the first change
+  inferops.numa.numa_balancing:
+    state: original
+  become: true
+
 # Ad hoc:  ansible all -b -m inferops.numa.numa_balancing -a state=disabled
 """
 
@@ -169,7 +185,8 @@ supported:
   type: bool
   sample: true
 state:
-  description: The state written (or that would be); with I(state=auto), the one chosen on this host.
+  description: The state written (or that would be); with I(state=auto), the one chosen on this host; C(original)
+    when the originals were put back.
   returned: always
   type: str
   sample: tiering
@@ -243,7 +260,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
-    "state": {"type": "str", "default": "disabled", "choices": list(balancing.STATES)},
+    "state": {"type": "str", "default": "disabled", "choices": list(balancing.STATES) + [balancing.ORIGINAL]},
     "value": {"type": "int"},
     "persist": {"type": "bool", "default": True},
     "zone_reclaim_mode": {"type": "int"},
@@ -258,6 +275,8 @@ def run(module: AnsibleModule) -> dict:
     params = module.params
     request = balancing.BalancingRequest(params["state"], params["value"], params["persist"],
                                          params["zone_reclaim_mode"], params["on_conflict"], params["force"])
+    if request.state == balancing.ORIGINAL:
+        return run_restore(module, request)
     plan = balancing.make_plan(params["root"], request)
     result = balancing.result(plan, module.check_mode)
     if plan.error:
@@ -272,6 +291,22 @@ def run(module: AnsibleModule) -> dict:
         module.warn(warning)
     if module._diff and plan.supported:
         result["diff"] = balancing.diff(plan)
+    return result
+
+
+def run_restore(module: AnsibleModule, request: balancing.BalancingRequest) -> dict:
+    """state=original: the recorded originals put back, or a record not to be trusted refused."""
+    conflict = balancing.restore_conflict(request)
+    if conflict:
+        module.fail_json(msg=conflict)
+    plan = knobs.plan_restore(module.params["root"], balancing.KNOB)
+    if plan.refused:
+        module.fail_json(msg=plan.refused, changed=False)
+    if plan.changed and not module.check_mode:
+        knobs.restore(plan)
+    result = balancing.restore_result(plan, module.check_mode)
+    if module._diff and plan.changed:
+        result["diff"] = knobs.diff(plan.knob)
     return result
 
 

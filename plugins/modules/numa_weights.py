@@ -39,9 +39,18 @@ options:
         holding what no measurement gives, such as an infinite or negative bandwidth) is passed over with a warning
         naming why, and the next source is taken.
       - V(measured), V(hmat) or V(kernel) fail when that source has nothing, naming why.
+      - V(original) puts back what was there before this module's first change on the host. That first change
+        records, once, every weight file it names (and C(auto)) and what stood at the drop-in's path (a file and its
+        text and mode, or nothing) in C(/var/lib/inferops-numa/originals/numa_weights.json), a file only root may read
+        in a directory only root may write; later runs add a node they newly name, never overwrite one. V(original)
+        writes the recorded values back (the nodes, then C(auto), since writing a weight turns C(auto) off), puts the
+        drop-in back byte for byte or removes it, checks the kernel holds the values, and deletes the record. With no
+        record it changes nothing and says so. A record that is a symlink, not root's, writable by others, or not the
+        JSON this module writes (or naming a file that is not a weight) is refused, naming the cause and the fix, and
+        nothing is changed. O(persist) and O(record_dir) are not used with it.
     type: str
     default: auto
-    choices: [auto, measured, hmat, kernel]
+    choices: [auto, measured, hmat, kernel, original]
   persist:
     description:
       - Keep the weights across reboots with the tmpfiles.d drop-in; V(false) removes the collection's drop-in.
@@ -58,7 +67,8 @@ attributes:
     support: full
   diff_mode:
     support: full
-    details: The drop-in's text and the kernel's weights, before and after.
+    details: The drop-in's text and the kernel's weights, before and after (with O(source=original), what is put
+      back).
   platform:
     platforms: [linux]
 notes:
@@ -76,11 +86,16 @@ EXAMPLES = r"""
 - name: Set the weights from the measurement
   inferops.numa.numa_weights:
     source: measured
+
+- name: Put back the weights and the drop-in the host had before the first change
+  inferops.numa.numa_weights:
+    source: original
 """
 
 RETURN = r"""
 source:
-  description: Where the weights came from (measured, hmat, kernel); null when nothing had a bandwidth.
+  description: Where the weights came from (measured, hmat, kernel, or original when the originals were put back);
+    null when nothing had a bandwidth.
   returned: always
   type: str
   sample: hmat
@@ -135,15 +150,30 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
-    "source": {"type": "str", "default": "auto", "choices": list(interleave_weights.SOURCES)},
+    "source": {"type": "str", "default": "auto", "choices": list(interleave_weights.SOURCES) + [interleave_weights.ORIGINAL]},
     "persist": {"type": "bool", "default": True},
     "record_dir": {"type": "path", "default": interleave_weights.RECORD_DIR},
     **host_root_argument_spec(),
 }
 
 
+def run_restore(module: AnsibleModule) -> dict:
+    """source=original: the recorded originals put back, or a record not to be trusted refused."""
+    plan = knobs.plan_restore(module.params["root"], interleave_weights.KNOB)
+    if plan.refused:
+        module.fail_json(msg=plan.refused, changed=False)
+    if plan.changed and not module.check_mode:
+        knobs.restore(plan)
+    result = interleave_weights.restore_result(plan, module.check_mode)
+    if module._diff and plan.changed:
+        result["diff"] = knobs.diff(plan.knob)
+    return result
+
+
 def run(module: AnsibleModule) -> dict:
     params = module.params
+    if params["source"] == interleave_weights.ORIGINAL:
+        return run_restore(module)
     plan = interleave_weights.make_plan(params["root"], params["source"], params["persist"], params["record_dir"])
     for warning in plan.warnings:  # a corrupt or foreign numa_cost record: the weights come from the next source
         module.warn(warning)

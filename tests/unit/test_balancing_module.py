@@ -114,7 +114,11 @@ def test_permission_error_on_the_knob_fails_with_the_fix(host, run, monkeypatch)
 
 
 def test_permission_error_on_the_dropin_fails_with_the_fix(host, run, monkeypatch):
+    real_create = safe_fs.create_temporary
+
     def denied(directory, data, *mode_and_name):
+        if data.startswith(b"{"):  # the originals record, written first through the same layer
+            return real_create(directory, data, *mode_and_name)
         raise PermissionError(errno.EACCES, "Permission denied")
     monkeypatch.setattr(safe_fs, "create_temporary", denied)
     code, out = run({"root": host.path})
@@ -312,3 +316,59 @@ def test_auto_writes_tiering_on_a_tiered_host_and_says_why(host, run):
     code, out = run({"root": host.path, "state": "disabled"})
     assert out["state"] == "disabled" and host.read("/proc/sys/kernel/numa_balancing") == "0\n"
     assert any("stops promoting hot pages" in warning for warning in warnings_of(out))
+
+
+# --- state: original, the host's own value and drop-in put back ------------------------------------------------------
+
+RECORD = "/var/lib/inferops-numa/originals/numa_balancing.json"
+
+
+def balancing_state(host):
+    """The runtime values and what stands at our drop-in's path, byte for byte."""
+    dropin = host.real(OURS)
+    held = None if not os.path.lexists(dropin) else ("-> " + os.readlink(dropin) if os.path.islink(dropin)
+                                                     else (host.read(OURS), oct(os.stat(dropin).st_mode & 0o777)))
+    return host.read("/proc/sys/kernel/numa_balancing"), host.read("/proc/sys/vm/zone_reclaim_mode"), held
+
+
+@pytest.mark.parametrize("admin_dropin", [None, "kernel.numa_balancing = 1\n# the admin's own\n"])
+def test_state_original_puts_back_what_the_first_change_found(host, run, admin_dropin):
+    if admin_dropin:
+        host.file(OURS, admin_dropin)
+        os.chmod(host.real(OURS), 0o640)
+    before = balancing_state(host)
+    assert run({"root": host.path, "state": "disabled", "zone_reclaim_mode": 1})[1]["changed"]
+    assert run({"root": host.path, "state": "enabled", "zone_reclaim_mode": 2})[1]["changed"]  # recorded once: kept
+    assert balancing_state(host) != before and host.exists(RECORD)
+
+    code, checked = run({"root": host.path, "state": "original"}, check=True, diff=True)
+    assert code == 0 and checked["changed"] and checked["state"] == "original"
+    assert checked["before"] == {"kernel.numa_balancing": 1, "vm.zone_reclaim_mode": 2}
+    assert checked["after"] == {"kernel.numa_balancing": 1, "vm.zone_reclaim_mode": 0}
+    assert checked["diff"][0]["after"] == (admin_dropin or "")
+    assert checked["msg"].startswith("would restore the originals of numa_balancing: vm.zone_reclaim_mode 2 -> 0")
+    assert balancing_state(host) != before and host.exists(RECORD)
+
+    code, restored = run({"root": host.path, "state": "original"})
+    assert code == 0 and restored["changed"] and restored["msg"].startswith("restored the originals")
+    assert balancing_state(host) == before and not host.exists(RECORD)
+    assert restored["persisted_file"] == (host.real(OURS) if admin_dropin else None)
+
+    code, again = run({"root": host.path, "state": "original"})
+    assert code == 0 and not again["changed"] and again["msg"].startswith("no originals recorded in ")
+    assert balancing_state(host) == before
+
+
+def test_state_original_refuses_a_record_not_to_be_trusted_and_changes_nothing(host, run):
+    run({"root": host.path, "state": "disabled"})
+    os.chmod(host.real(RECORD), 0o646)
+    before = balancing_state(host)
+    code, out = run({"root": host.path, "state": "original"})
+    assert code == 1 and out["failed"] and not out["changed"]
+    assert out["msg"].startswith("refusing the originals record %s: it is mode 0646" % host.real(RECORD))
+    assert balancing_state(host) == before
+
+
+def test_state_original_refuses_a_value_to_set(host, run):
+    code, out = run({"root": host.path, "state": "original", "zone_reclaim_mode": 0})
+    assert code == 1 and out["msg"].startswith("zone_reclaim_mode is not used with state=original")

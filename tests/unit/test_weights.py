@@ -321,3 +321,29 @@ def test_hmat_gives_the_lower_of_read_and_write_bandwidth():
                     (2, {"hmat": {"read_bandwidth": choice.MAX_HMAT_MBPS}})])
     found = choice.hmat_bandwidths(facts)
     assert (found.by_node, found.reason) == ({0: 10000.0, 1: 8000.0, 2: choice.MAX_HMAT_MBPS}, "")
+
+
+def test_source_original_puts_back_the_weights_and_the_dropin(tmp_path, capsys, monkeypatch):
+    from ansible_collections.inferops.numa.plugins.modules import numa_weights
+    from tests.ansible_compat import clear_warnings, patch_module_args
+
+    def run(**args):
+        clear_warnings(monkeypatch)
+        with patch_module_args(dict(args, root=root)), pytest.raises(SystemExit) as stop:
+            numa_weights.main()
+        return stop.value.code, json.loads(capsys.readouterr().out)
+
+    root = host(tmp_path)
+    dropin = os.path.join(root, "etc/tmpfiles.d", interleave_weights.DROPIN_NAME)
+    record = os.path.join(root, "var/lib/inferops-numa/originals/numa_weights.json")
+    assert run(source="hmat")[1]["changed"] and kernel_weights(root) == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
+    assert os.path.exists(dropin) and os.path.exists(record)
+    code, checked = run(source="original", _ansible_check_mode=True, _ansible_diff=True)
+    assert code == 0 and checked["changed"] and checked["weights"] == {str(node): 1 for node in range(5)}
+    assert checked["diff"][0]["after"] == "" and kernel_weights(root) == {0: 2, 1: 2, 2: 2, 3: 2, 4: 1}
+    code, restored = run(source="original")
+    assert code == 0 and restored["changed"] and restored["source"] == "original"
+    assert kernel_weights(root) == {node: 1 for node in range(5)}
+    assert not os.path.exists(dropin) and not os.path.exists(record)
+    code, again = run(source="original")
+    assert code == 0 and not again["changed"] and "nothing to restore" in again["msg"]

@@ -31,6 +31,9 @@ from ..system.root_files import host_path, is_dir
 BALANCING_KEY = "kernel.numa_balancing"
 ZONE_RECLAIM_KEY = "vm.zone_reclaim_mode"
 STATE_VALUES = {"disabled": 0, "enabled": 1, "tiering": 2}
+# Not a value (a choice of the module, not of make_plan): what stood before the collection's first change, from
+# knobs' originals record.
+ORIGINAL = "original"
 STATES = tuple(STATE_VALUES) + ("raw", "auto")
 
 DROPIN_PATH = "/etc/sysctl.d/60-inferops-numa.conf"
@@ -411,6 +414,37 @@ def result(plan: BalancingPlan, check_mode: bool) -> Dict[str, object]:
         "conflicts": plan.conflicts,
         "tuned": plan.tuned,
         "msg": summary(plan, check_mode),
+    }
+
+
+def restore_conflict(request: BalancingRequest) -> Optional[str]:
+    """Why ``request`` cannot put the originals back as asked (state=original sets what was recorded, nothing else)."""
+    given = [name for name, value in (("value", request.value), ("zone_reclaim_mode", request.zone_reclaim_mode))
+             if value is not None]
+    if given:
+        return ("%s not used with state=original, which puts back the values recorded before the first change: drop "
+                "%s" % (" and ".join(given) + (" are" if len(given) > 1 else " is"), " and ".join(given)))
+    return None
+
+
+def _number(text: Optional[str]) -> object:
+    """A sysctl's text as the integer it holds (a record's text that is no integer is shown as it is)."""
+    try:
+        return int(text or "")
+    except ValueError:
+        return text
+
+
+def restore_result(plan: knobs.RestorePlan, check_mode: bool) -> Dict[str, object]:
+    """The module's return values for state=original: the keys ``result`` returns."""
+    before = {s.name: _number(s.before) for s in plan.knob.settings if s.before is not None}
+    after = dict(before, **{s.name: _number(s.after) for s in plan.knob.settings if s.after is not None})
+    kind = plan.dropin.kind if plan.dropin is not None else None
+    return {
+        "changed": plan.changed, "supported": True, "state": ORIGINAL, "before": before, "after": after,
+        "persisted_file": plan.knob.dropin_file if kind == knobs.FILE else None,
+        "dropin_masked": kind == knobs.MASK, "conflicts": [], "tuned": None,
+        "msg": knobs.restore_summary(plan, check_mode),
     }
 
 

@@ -16,6 +16,9 @@ from ..decide import weights as choice
 from ..measure import cost
 from ..read import topology
 
+# Not a bandwidth (a choice of the module, not of make_plan): the weights and drop-in that stood before the first
+# change, from knobs' originals record.
+ORIGINAL = "original"
 SOURCES = ("auto",) + choice.SOURCES
 RECORD_DIR = cost.RECORD_DIR
 WEIGHTS_DIR = "/sys/kernel/mm/mempolicy/weighted_interleave"
@@ -187,6 +190,21 @@ def result(plan: WeightsPlan, check_mode: bool) -> Dict[str, Any]:
         "auto": plan.auto_after if plan.auto_after is not None else plan.auto_before,
         "dropin": DROPIN_PATH, "reasons": plan.reasons,
         "msg": "%s (%s)" % (what, plan.reasons[-1]) if plan.reasons else what,
+    }
+
+
+def restore_result(plan: knobs.RestorePlan, check_mode: bool) -> Dict[str, Any]:
+    """The module's return values for source=original: the keys ``result`` returns."""
+    def weights(values: Dict[str, Optional[str]]) -> Dict[str, Any]:
+        return {name[len("node"):]: int(text) if text.isdigit() else text
+                for name, text in sorted(values.items()) if name.startswith("node") and text is not None}
+    before = {s.name: s.before for s in plan.knob.settings}
+    after = dict(before, **{s.name: s.after for s in plan.knob.settings if s.after is not None})
+    auto = after.get("auto")
+    return {
+        "changed": plan.changed, "supported": True, "source": ORIGINAL, "weights": weights(after),
+        "weights_before": weights(before), "bandwidth": {}, "auto": None if auto is None else auto == "true",
+        "dropin": DROPIN_PATH, "reasons": plan.knob.reasons, "msg": knobs.restore_summary(plan, check_mode),
     }
 
 
