@@ -311,3 +311,63 @@ def test_an_install_from_before_versions_moves_to_a_version_and_stays_trusted(he
     code, output = helper_host.install()
     assert code == 0, output
     assert os.path.islink(helper_host.path) and len(helper_host.versions()) == 1 and os.path.isdir(legacy)
+
+
+# --- numa_host_state absent: the role taken back ------------------------------------------------------------
+
+ABSENT_PLAY = """\
+- name: Set the knobs, then take numa_host back as numa_host_state absent does
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  module_defaults:
+    group/inferops.numa.numa:
+      root: {root}
+  tasks:
+    - name: Set the knobs as the role's present state does
+      inferops.numa.numa_balancing:
+        state: disabled
+      when: set_knobs | default(false) | bool
+    - name: Set the weights as the role's present state does
+      inferops.numa.numa_weights:
+        source: hmat
+      when: set_knobs | default(false) | bool
+    - name: Take it back
+      ansible.builtin.include_role:
+        name: inferops.numa.numa_host
+        tasks_from: absent
+      when: not (set_knobs | default(false) | bool)
+"""
+
+
+def test_state_absent_restores_the_knobs_removes_the_helper_and_the_textfile_and_runs_again_unchanged(
+        helper_host, tmp_path):
+    from tests.fixtures import sysfs
+    from tests.unit.balancing_fakeroot import FakeRoot
+
+    root = str(tmp_path / "knobs")
+    sysfs.snc2_cxl().write(root)
+    FakeRoot(root).knobs(balancing=1, zone_reclaim=0)
+    knob_files = ["proc/sys/kernel/numa_balancing"] + ["sys/kernel/mm/mempolicy/weighted_interleave/node%d" % node
+                                                        for node in range(5)]
+    before = {name: open(os.path.join(root, name)).read() for name in knob_files}
+    metrics = os.path.join(helper_host.base, "metrics")
+    os.mkdir(metrics, 0o755)
+    with open(os.path.join(metrics, "inferops_numa.prom"), "w", encoding="ascii") as out:
+        out.write("inferops_numa_up 1\n")
+    assert helper_host.install()[0] == 0
+    helper_host.playbook.write_text(ABSENT_PLAY.format(root=root))
+    code, output = helper_host.install("-e", "set_knobs=true")
+    assert code == 0 and {name: open(os.path.join(root, name)).read() for name in knob_files} != before, output
+
+    code, output = helper_host.install("-e", "numa_host_metrics_dir=" + metrics)
+    assert code == 0 and _changed(output) > 0, output
+    assert {name: open(os.path.join(root, name)).read() for name in knob_files} == before
+    assert not os.path.exists(os.path.join(root, "etc/sysctl.d/60-inferops-numa.conf"))
+    assert not os.path.exists(os.path.join(root, "etc/tmpfiles.d/60-inferops-numa-weights.conf"))
+    assert os.listdir(os.path.join(root, "var/lib/inferops-numa/originals")) == []
+    assert not os.path.lexists(helper_host.path) and not os.path.exists(helper_host.lib)
+    assert os.listdir(metrics) == []
+
+    code, output = helper_host.install("-e", "numa_host_metrics_dir=" + metrics)
+    assert code == 0 and _changed(output) == 0, output
