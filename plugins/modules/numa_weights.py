@@ -150,7 +150,8 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
-    "source": {"type": "str", "default": "auto", "choices": list(interleave_weights.SOURCES) + [interleave_weights.ORIGINAL]},
+    "source": {"type": "str", "default": "auto",
+               "choices": list(interleave_weights.SOURCES) + [interleave_weights.ORIGINAL]},
     "persist": {"type": "bool", "default": True},
     "record_dir": {"type": "path", "default": interleave_weights.RECORD_DIR},
     **host_root_argument_spec(),

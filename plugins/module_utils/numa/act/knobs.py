@@ -283,7 +283,8 @@ class Originals(NamedTuple):
 
 
 class RestorePlan(NamedTuple):
-    """What putting a knob's originals back changes; ``refused`` (a record not to be trusted) is the module's to report."""
+    """What putting a knob's originals back changes; ``refused``, a record not to be trusted, is the module's to
+    report."""
 
     knob: KnobPlan  # settings in reverse order of apply, the drop-in's text before and after, for changed and diff
     record: Optional[str]  # the record's path as shown; None: there is none, nothing to restore
