@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_weights
 short_description: Set the kernel's weighted-interleave weights from each memory node's bandwidth
-version_added: "0.4.0"
+version_added: "1.0.0"
 description:
   - Weighted interleave (C(MPOL_WEIGHTED_INTERLEAVE), Linux 6.9) places an instance's pages on its nodes in proportion
     to the weights in C(/sys/kernel/mm/mempolicy/weighted_interleave/nodeN). This module sets them in proportion to the
