@@ -80,7 +80,7 @@ paths:
   returned: success
   type: list
   elements: str
-  sample: [/srv/reports/numa_fleet_report.md, /srv/reports/numa_fleet_report.html]
+  sample: [/srv/reports/fleet_report.md, /srv/reports/fleet_report.html]
 host_count:
   description: The hosts of the report.
   returned: success
