@@ -121,7 +121,7 @@ def main():
                 strategy, forks, ping[0] / args.hosts, fleet[0] / args.hosts, ping[1] / args.hosts,
                 fleet[1] / args.hosts, fleet[0] / ping[0], fleet[1] / ping[1]), flush=True)
     print("goal: fleet report <= 1.5x ping (wall); report: %s" % os.path.join(args.out, "report",
-                                                                            "numa_fleet_report.md"))
+                                                                            "fleet_report.md"))
 
 
 if __name__ == "__main__":

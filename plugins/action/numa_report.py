@@ -15,14 +15,25 @@ import tempfile
 from typing import Any, Dict, Optional
 
 from ansible.plugins.action import ActionBase
+from ansible.utils.display import Display
 
 from ansible_collections.inferops.numa.plugins.plugin_utils import cost_report, fleet_report, host_results, report_pages
 
-# kind -> (its model builder, the file name of its pages, the variable the playbook registers by default)
+# kind -> (its model builder, the file name of its pages, the variable the playbook registers by default). The
+# pages are named as the playbooks and their variables are (fleet_report.yml: fleet_report_dir, fleet_report.md).
 KINDS = {
-    "fleet": (fleet_report.model, "numa_fleet_report", "fleet_report_result"),
+    "fleet": (fleet_report.model, "fleet_report", "fleet_report_result"),
     "cost": (cost_report.model, "cost_report", "numa_cost_result"),
 }
+# The playbooks' variables renamed in 1.0.0, so both playbooks name theirs alike (fleet_report_dir, cost_report_dir):
+# the playbook still reads the old name, and this task, which every run of it reaches, says it is deprecated (no
+# task of a playbook can warn by itself).
+RENAMED = {
+    "cost": {"numa_cost_report_dir": "cost_report_dir", "numa_cost_hosts": "cost_report_hosts"},
+}
+RENAMED_REMOVED_IN = "2.0.0"
+
+display = Display()
 
 
 class ActionModule(ActionBase):
@@ -40,6 +51,11 @@ class ActionModule(ActionBase):
         if not isinstance(hosts, list) or not all(isinstance(name, str) for name in hosts):
             return dict(result, failed=True, msg="hosts must be a list of host names, such as ansible_play_hosts_all")
         build, name, default_var = KINDS[kind]
+        for old, new in sorted(RENAMED.get(kind, {}).items()):
+            if old in (task_vars or {}):
+                display.deprecated("the variable %s is %s since inferops.numa 1.0.0 (the same value: -e %s=...)%s"
+                                   % (old, new, new, "; %s is set too and wins" % new if new in task_vars else ""),
+                                   version=RENAMED_REMOVED_IN, collection_name="inferops.numa")
         try:
             directory = fleet_report.report_dir(args.get("dest"))
         except fleet_report.ReportError as exc:

@@ -15,7 +15,7 @@ DOCUMENTATION = r"""
 name: untouched_hosts
 type: aggregate
 short_description: Say which hosts a stopped run left untouched, and why
-version_added: "0.4.0"
+version_added: "1.0.0"
 description:
   - >-
     When a run stops before a rollout play reached all of its hosts, prints one line after the play recap: the

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_metrics
 short_description: A host's NUMA metrics snapshot, and where its services would run
-version_added: "0.2.0"
+version_added: "1.0.0"
 description:
   - Reads what C(numa-pin metrics) exports, as data instead of Prometheus text; changes nothing.
   - Per host C(kernel.numa_balancing), each node's CPUs, GPUs, memory and allocation counters; per instance

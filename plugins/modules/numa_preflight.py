@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_preflight
 short_description: Check every input of the numa_host and inference_service roles, and the host, before any change
-version_added: "0.4.0"
+version_added: "1.0.0"
 description:
   - On the controller, checks the roles' variables (C(numa_host_*), C(inference_service_*)) and every entry of
     C(inference_service_list) against the roles' own argument specs, one value at a time, so that every problem is

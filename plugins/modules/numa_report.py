@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_report
 short_description: Write the fleet or cost report of every host's registered result, on the controller
-version_added: "0.2.0"
+version_added: "1.0.0"
 description:
   - Reads each host's registered M(inferops.numa.numa_metrics) (O(kind=fleet)) or M(inferops.numa.numa_cost)
     (O(kind=cost)) result from C(hostvars), checks it against what that module returns (types, ranges, list sizes,
@@ -80,7 +80,7 @@ paths:
   returned: success
   type: list
   elements: str
-  sample: [/srv/reports/numa_fleet_report.md, /srv/reports/numa_fleet_report.html]
+  sample: [/srv/reports/fleet_report.md, /srv/reports/fleet_report.html]
 host_count:
   description: The hosts of the report.
   returned: success

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_rollout
 short_description: Deploy a host's inference services as one change that is judged, taken back, or retried
-version_added: "0.4.0"
+version_added: "1.0.0"
 description:
   - Writes the files of a host's services (unit templates, plan records, systemd placement drop-ins, audit
     records) and starts or restarts the instances they change, O(batch) at a time. The next batch waits until

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_weights
 short_description: Set the kernel's weighted-interleave weights from each memory node's bandwidth
-version_added: "0.4.0"
+version_added: "1.0.0"
 description:
   - Weighted interleave (C(MPOL_WEIGHTED_INTERLEAVE), Linux 6.9) places an instance's pages on its nodes in proportion
     to the weights in C(/sys/kernel/mm/mempolicy/weighted_interleave/nodeN). This module sets them in proportion to the
@@ -19,8 +19,9 @@ description:
     recorded on this host (O(inferops.numa.numa_cost#module:record)) for this same topology; the firmware's HMAT
     (the lower of read and write bandwidth from each node's best initiators); else the kernel computes the weights
     from HMAT itself (C(weighted_interleave/auto), Linux 6.16)."
-  - Weights are each node's percent share of the total bandwidth, divided by the shares' greatest common divisor,
-    as the kernel's own C(auto) mode makes them (20 and 10 GB/s give 2 and 1).
+  - Weights are each node's bandwidth in tenths of the fastest node's (at least 1), divided by their greatest common
+    divisor - 20 and 10 GB/s give 2 and 1, 20 and 18 give 10 and 9. Tenths are coarser than a measurement's noise,
+    so two identical nodes get equal weights (the kernel's own C(auto) takes percent shares of the total instead).
   - With O(persist), a systemd-tmpfiles drop-in C(/etc/tmpfiles.d/60-inferops-numa-weights.conf) writes the same
     weights at every boot, before any service starts. Nothing is written when the kernel already holds them.
   - A kernel without weighted interleave changes nothing; the result says so, and the planner then uses plain

@@ -25,8 +25,8 @@ def run_report(tmp_path, inventory):
                           cwd=str(tmp_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           universal_newlines=True, timeout=600, check=False)
     assert done.returncode == 0, done.stdout[-3000:]
-    return (tmp_path / "report" / "numa_fleet_report.md").read_text(), \
-        (tmp_path / "report" / "numa_fleet_report.html").read_text()
+    return (tmp_path / "report" / "fleet_report.md").read_text(), \
+        (tmp_path / "report" / "fleet_report.html").read_text()
 
 
 UNREACHABLE = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,

@@ -158,8 +158,8 @@ def test_the_fleet_report_treats_every_byte_a_host_returns_as_data(tmp_path, mar
                                                      "model_size": "1G"}]}
     output = run_playbook(tmp_path, "fleet_report.yml", hosts, ["-e", "fleet_report_dir=report"])
     assert "EVALUATED" not in output.replace(marker, "")
-    markdown = (tmp_path / "report" / "numa_fleet_report.md").read_text()
-    html = (tmp_path / "report" / "numa_fleet_report.html").read_text()
+    markdown = (tmp_path / "report" / "fleet_report.md").read_text()
+    html = (tmp_path / "report" / "fleet_report.html").read_text()
 
     answered = ["evil-%02d" % index for index in range(len(MARKUP))] + ["captured"]
     assert "%d host(s): %d answered, 5 without a result;" % (len(hosts), len(answered)) in markdown
@@ -187,7 +187,7 @@ def test_the_cost_report_treats_every_byte_a_host_returns_as_data(tmp_path, mark
     hosts = fake_hosts(str(tmp_path), printed)
     hosts["down"] = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
                      "ansible_ssh_common_args": "-o ConnectTimeout=5"}
-    output = run_playbook(tmp_path, "cost_report.yml", hosts, ["-e", "numa_cost_report_dir=report"])
+    output = run_playbook(tmp_path, "cost_report.yml", hosts, ["-e", "cost_report_dir=report"])
     assert "EVALUATED" not in output.replace(marker, "")
     markdown = (tmp_path / "report" / "cost_report.md").read_text()
     html = (tmp_path / "report" / "cost_report.html").read_text()
@@ -206,7 +206,7 @@ def test_a_cost_report_without_any_answering_host_says_why(tmp_path):
     down = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
             "ansible_ssh_common_args": "-o ConnectTimeout=5"}
     run_playbook(tmp_path, "cost_report.yml", {"down-1": down, "down-2": dict(down)},
-                 ["-e", "numa_cost_report_dir=report"])
+                 ["-e", "cost_report_dir=report"])
     markdown = (tmp_path / "report" / "cost_report.md").read_text()
     assert "2 host(s), 0 host type(s), 2 without a result." in markdown
     assert re.search(r"^- \*\*down-1\*\*: `unreachable: ", markdown, re.MULTILINE)

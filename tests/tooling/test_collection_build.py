@@ -59,12 +59,19 @@ def test_the_tarball_holds_what_users_run_and_nothing_else(built):
     tarball, files = built
     galaxy = _galaxy()
     assert tarball.name == "%s-%s-%s.tar.gz" % (galaxy["namespace"], galaxy["name"], galaxy["version"])
+    # A stable release: 1.0.0 or later, as numbers (1.10.0 after 1.9.0).
+    assert re.fullmatch(r"inferops-numa-\d+\.\d+\.\d+\.tar\.gz", tarball.name)
+    assert tuple(int(part) for part in galaxy["version"].split(".")) >= (1, 0, 0)
     tracked = _tracked()
     expected = {path for path in tracked if path.startswith(SHIPPED_DIRS) and not DEV_ONLY.search(path)}
     expected |= SHIPPED_FILES
     assert files - GENERATED == expected
     assert [path for path in files if DEV_ONLY.search(path)] == []
     assert files - GENERATED <= tracked  # nothing from outside the repository (a venv, caches, build output)
+    # The maintainers' notes (how the figures were measured, the lab's llama-server build) name the lab and its
+    # machine: they live in lab/docs/, kept out with lab/, and the installed docs/ is what users read.
+    assert {"lab/docs/benchmarks.md", "lab/docs/llama.md"} <= tracked
+    assert [path for path in files if path.startswith("lab/") or path in ("docs/benchmarks.md", "docs/llama.md")] == []
 
 
 def _read_by(path, text):

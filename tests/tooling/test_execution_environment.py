@@ -58,6 +58,11 @@ def test_ansible_builder_creates_the_context_with_the_collection_and_the_pinned_
     with open(os.path.join(REPO, "requirements.txt")) as handle:
         core_pin = re.search(r"^ansible-core==\S+", handle.read(), re.MULTILINE).group(0)
     assert 'ANSIBLE_INSTALL_REFS="%s ansible-runner==' % core_pin in text
+    # ansible-core's cryptography is make test's (requirements.txt): an unpinned one prints deprecation warnings.
+    with open(os.path.join(REPO, "requirements.txt")) as handle:
+        crypto_pin = re.search(r"^cryptography==\S+", handle.read(), re.MULTILINE).group(0)
+    assert definition["dependencies"]["python"] == [crypto_pin]
+    assert (context / "_build" / "requirements.txt").read_text().split() == [crypto_pin]
     # The collection compiled in the final image, after it is copied there and while the build is still root.
     final = text[text.index("FROM base AS final"):]
     assert final.index("COPY --from=galaxy") < final.index("compileall") < final.index("USER 1000")
@@ -84,6 +89,13 @@ def test_the_labs_definition_is_the_shipped_one_on_the_debian_base(tmp_path):
     assert ours["version"] == shipped["version"]
     assert dict(ours["dependencies"], python_interpreter=None) == dict(shipped["dependencies"], python_interpreter=None)
     assert shipped["images"]["base_image"]["name"].startswith("registry.")  # the shipped one is unchanged
+
+
+def test_the_shipped_base_image_is_pinned_by_digest():
+    """A tag (ubi:latest) moves under a rebuild; only a digest makes the image that was tested the one users build."""
+    with open(os.path.join(REPO, "execution-environment.yml")) as handle:
+        name = yaml.safe_load(handle)["images"]["base_image"]["name"]
+    assert re.fullmatch(r"registry\.access\.redhat\.com/ubi9/ubi(?::[\w.-]+)?@sha256:[0-9a-f]{64}", name), name
 
 
 def test_the_base_is_made_again_when_its_recipe_changes(monkeypatch):

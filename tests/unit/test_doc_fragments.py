@@ -191,3 +191,86 @@ def test_the_readmes_request_flags_give_every_choice(option):
 def test_docs_engines_has_a_row_for_every_engine_record():
     rows = _readme_rows(os.path.join(REPO, "docs", "engines.md"))
     assert [name for name in engines.ENGINES if name not in rows] == []
+
+
+# --- more texts that restate the code's rules: checked against what the code does, not against a copy ----------------
+
+@pytest.mark.parametrize("option", [option for option in request.OPTIONS if option.choices], ids=lambda o: o.name)
+def test_docs_placement_rows_name_every_choice(option):
+    """docs/placement.md's request table restates the same tables (its policy row missed weighted_interleave once)."""
+    rows = _readme_rows(os.path.join(REPO, "docs", "placement.md"))
+    assert "policy" in rows and "engine" in rows  # the table is there: a missing row below is no list to check
+    if option.name in rows:
+        assert [choice for choice in option.choices if "`%s`" % choice not in rows[option.name]] == []
+
+
+def test_numa_plans_returned_policy_is_described_with_the_kernels_names():
+    """The plan returns the kernel's name of a policy (weighted-interleave), one per policy a request may ask for."""
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.system import kernel
+    returned = [choice.replace("_", "-") for choice in request.CHOICES["policy"] if choice != "auto"]
+    assert set(returned) <= set(kernel.POLICY_MODES)
+    with open(os.path.join(MODULES, "numa_plan.py")) as handle:
+        tree = ast.parse(handle.read())
+    (text,) = [node.value.value for node in tree.body if isinstance(node, ast.Assign)
+               and [target.id for target in node.targets if isinstance(target, ast.Name)] == ["RETURN"]]
+    described = yaml.safe_load(text)["plan"]["contains"]["policy"]["description"]
+    named = re.search(r"one of ([\w, -]+)\.$", described).group(1).replace(" and ", ", ").split(", ")
+    assert named == returned
+
+
+def test_the_roles_readme_and_argument_specs_name_every_layout():
+    assert _role_entry_options()["layout"]["choices"] == list(LAYOUTS)
+    row = _readme_rows(os.path.join(ROLE, "README.md"))["layout"]
+    assert [layout for layout in LAYOUTS if "`%s`" % layout not in row] == []
+
+
+def _accepted_punctuation():
+    """The punctuation a service name may hold, asked of the code itself (act/unit_text.unit_prefix)."""
+    import string
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+    accepted = set()
+    for char in string.punctuation + " ":
+        try:
+            unit_text.unit_prefix("a%sb" % char)
+        except NumaError:
+            continue
+        accepted.add(char)
+    return accepted, unit_text
+
+
+def test_every_text_of_the_service_name_rule_allows_what_the_code_allows():
+    """The role README allowed ':' once, which the code refuses: each text's characters are the code's, and its
+    bounds."""
+    accepted, unit_text = _accepted_punctuation()
+    assert accepted == set("_.-")
+    unit_text.unit_prefix("a" * 200)
+    for refused in ("a" * 201, ".", ".."):
+        with pytest.raises(Exception):
+            unit_text.unit_prefix(refused)
+    readme = _readme_rows(os.path.join(ROLE, "README.md"))["name"]
+    spec = _role_entry_options()["name"]["description"]
+    with open(os.path.join(REPO, "plugins", "filter", "systemd_unit_prefix.yml")) as handle:
+        filter_doc = " ".join(yaml.safe_load(handle)["DOCUMENTATION"]["description"])
+    texts = {
+        "role README": "".join(re.search(r"letters, digits, `([^`]+)`", readme).group(1)),
+        "argument spec": re.search(r"letters, digits, C\(([^)]+)\)", spec).group(1),
+        "filter doc": "".join(re.findall(r"C\((.)\)", re.search(r"letters, digits, ((?:C\(.\),? ?)+)",
+                                                                 filter_doc).group(1))),
+    }
+    assert {where: set(chars) for where, chars in texts.items()} == {where: accepted for where in texts}
+    assert "1 to 200" in readme and "1 to 200" in spec
+    assert "not `.` or `..`" in readme and "not C(.) or C(..)" in filter_doc
+
+
+def test_numa_weights_says_how_the_code_makes_weights():
+    """Its doc said "percent share of the total" where the code takes tenths of the fastest node's: the rule's words
+    follow decide/weights.STEPS, and every example the doc gives is what the code computes."""
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import weights
+    description = " ".join(_documentation("numa_weights")["description"])
+    assert weights.STEPS == 10 and "bandwidth in tenths of the fastest node's" in description
+    assert "percent share of the total bandwidth" not in description
+    examples = re.findall(r"(\d+) and (\d+)(?: GB/s)? give (\d+) and (\d+)", description)
+    assert len(examples) >= 2
+    for fast, slow, first, second in examples:
+        assert weights.weights_from_bandwidth({0: float(fast), 1: float(slow)}) == {0: int(first), 1: int(second)}

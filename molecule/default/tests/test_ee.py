@@ -75,7 +75,7 @@ def _checkout_fleet_report(report_dir):
                     os.path.join(PROJECT, "playbooks", "fleet_report.yml"), "-e", "@" + RUN_VARS,
                     "-e", "fleet_report_dir=%s" % report_dir],
                    check=True, timeout=budget(FLEET_REPORT_S) * 2, cwd=PROJECT, stdout=subprocess.DEVNULL)
-    with open(os.path.join(report_dir, "numa_fleet_report.md")) as handle:
+    with open(os.path.join(report_dir, "fleet_report.md")) as handle:
         return handle.read()
 
 
@@ -103,7 +103,7 @@ def test_site_and_the_fleet_report_from_inside_the_ee_match_the_checkouts_run(tw
     assert recap["changed"] == 0, "site.yml from the EE changed what the checkout's converge deployed: %s" % recap
 
     _runner(root, "fleet_report.yml", FLEET_REPORT_S)
-    with open(os.path.join(root, "report", "numa_fleet_report.md")) as handle:
+    with open(os.path.join(root, "report", "fleet_report.md")) as handle:
         from_ee = handle.read()
     from_checkout = _checkout_fleet_report(str(tmp_path / "checkout"))
     assert "numa-lab" in from_ee and "llama" in from_ee and "unreachable:" not in from_ee

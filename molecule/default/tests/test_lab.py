@@ -130,7 +130,7 @@ def test_cost_report_measures_the_2x2_matrix_next_to_slit(tmp_path):
     playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")
     subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
                     os.path.join(PROJECT, "playbooks", "cost_report.yml"),
-                    "-e", "numa_cost_report_dir=%s" % tmp_path,
+                    "-e", "cost_report_dir=%s" % tmp_path,
                     # The report's shape is checked, not the figures: a short chase keeps it quick under TCG.
                     "-e", "numa_cost_buffer_mb=32", "-e", "numa_cost_chase_steps=200000",
                     "-e", "numa_cost_max_seconds=%d" % budget(COST_REPORT_S)],
