@@ -16,10 +16,9 @@ import subprocess  # nosec B404: argv lists only, never a shell
 from typing import Callable, NamedTuple, Optional, Sequence, Tuple
 
 from ..base.errors import NumaError, shown
+from ..decide.rollout import HOOK_SECONDS
 from ..read.kernel_files import printable
 
-# How long a hook may take unless the service says (hook_seconds): a load balancer's API answers in far less.
-HOOK_SECONDS = 60.0
 # The characters of a hook's last stderr line a failure quotes.
 LAST_LINE_CHARS = 240
 
@@ -28,7 +27,7 @@ class Hooks(NamedTuple):
     """An instance's traffic hooks; an empty argv runs nothing."""
     drain: Tuple[str, ...] = ()
     undrain: Tuple[str, ...] = ()
-    seconds: float = HOOK_SECONDS  # each hook's deadline
+    seconds: float = float(HOOK_SECONDS)  # each hook's deadline
     drain_seconds: float = 0.0  # the grace after a drain, for requests in flight to finish
 
 
