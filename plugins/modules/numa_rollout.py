@@ -196,7 +196,9 @@ options:
                 default: auto
                 choices: [auto, llama.cpp, openai]
   record_dir:
-    description: The plan directory, where the record of a change not judged yet, the instances left without traffic, the rejected changes and the gates' verdicts are kept.
+    description:
+      - The plan directory, where the record of a change not judged yet, the instances left without traffic, the
+        rejected changes and the gates' verdicts are kept.
     type: path
     default: /etc/inferops-numa
   batch:

@@ -356,8 +356,8 @@ def check_hook(argv: Any) -> List[str]:
         return ["its program (the first item) is empty; give the program to run, like %s" % HOOK_EXAMPLE]
     unknown = tokens.unknown_tokens(argv)
     if unknown:
-        return ["%s: no such token; a hook's tokens are %s" % (printable(", ".join(unknown)),
-                                                              ", ".join("{%s}" % token for token in tokens.HOOK_TOKENS))]
+        known = ", ".join("{%s}" % token for token in tokens.HOOK_TOKENS)
+        return ["%s: no such token; a hook's tokens are %s" % (printable(", ".join(unknown)), known)]
     return []
 
 

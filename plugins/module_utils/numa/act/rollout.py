@@ -403,8 +403,9 @@ def _batch(group: Sequence[Tuple[Instance, str]], first: Sequence[str], pending:
             instance.unit, "another instance of its batch was not measured before its restart")
             for instance, _action in group})
     started = {instance.unit: host.start(action, instance.unit) for instance, action in group}
-    return [_undrained(_ab(result, instance, baselines.get(instance.unit), host, instance.unit in first), instance, host)
-            for result, (instance, _action) in zip(_gate(group, started, options, host), group)]
+    judged = [_ab(result, instance, baselines.get(instance.unit), host, instance.unit in first)
+              for result, (instance, _action) in zip(_gate(group, started, options, host), group)]
+    return [_undrained(result, instance, host) for result, (instance, _action) in zip(judged, group)]
 
 
 def _drain(group: Sequence[Tuple[Instance, str]], host: Host) -> List[Dict[str, Any]]:
