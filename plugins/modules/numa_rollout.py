@@ -242,6 +242,10 @@ EXAMPLES = r"""
             engine: llama.cpp
             port: 8080
             audit: {min_local_percent: 99}
+            # Out of haproxy's backend before its restart, back once ready and audited.
+            drain_command: [/usr/local/bin/haproxy-state, llm/llama@0.service, drain]
+            undrain_command: [/usr/local/bin/haproxy-state, llm/llama@0.service, ready]
+            drain_seconds: 10
 """
 
 RETURN = r"""
