@@ -29,6 +29,10 @@ description:
   - A change an A/B gate measured slower, taken back completely, is kept in O(record_dir)/C(<service>.rejected.json)
     and not tried again while the service wants exactly those files; the verdicts are merged into
     O(record_dir)/C(ab-gates.json).
+  - "Traffic hooks: an instance with O(services[].instances[].drain_command) is drained before it is stopped or
+    restarted, and with O(services[].instances[].undrain_command) undrained once it passed its gates, one batch at a
+    time: drain, restart, gates, undrain. A rollback's stops and restarts are wrapped the same way. A check runs no
+    hook."
   - The inference_service role runs it once per host for all its services.
 author:
   - inferops.numa contributors (@inferops)
@@ -101,6 +105,33 @@ options:
           health_url:
             description: The readiness URL, C({port}) replaced by the instance's port; default the engine's.
             type: str
+          drain_command:
+            description:
+              - The argv (no shell) that takes the instance out of its load balancer, run before it is stopped or
+                restarted (by the rollout or its rollback), its tokens already filled; empty for none.
+              - A failure (an exit code other than 0, or no exit within O(services[].instances[].hook_seconds)) stops
+                the rollout before the instance is touched, and the change is taken back.
+            type: list
+            elements: str
+            default: []
+          undrain_command:
+            description:
+              - The argv (no shell) that puts the instance back into its load balancer once it passed its gates
+                (readiness, audit, A/B gate), and after a rollback's restart once ready; empty for none.
+              - A failure fails the instance (the change is taken back); an instance left running without traffic
+                is recorded in O(record_dir)/C(rollout.undrain.json), and the next run undrains it before it
+                deploys.
+            type: list
+            elements: str
+            default: []
+          hook_seconds:
+            description: How long each drain or undrain command may run before it is killed and counted failed.
+            type: float
+            default: 60
+          drain_seconds:
+            description: Seconds to wait after a drain before the stop or restart, for requests in flight to finish.
+            type: float
+            default: 0
           audit:
             description: Audit the instance once ready (as M(inferops.numa.numa_audit)); omit for no audit.
             type: dict
@@ -165,7 +196,9 @@ options:
                 default: auto
                 choices: [auto, llama.cpp, openai]
   record_dir:
-    description: The plan directory, where the record of a change not judged yet, the rejected changes and the gates' verdicts are kept.
+    description:
+      - The plan directory, where the record of a change not judged yet, the instances left without traffic, the
+        rejected changes and the gates' verdicts are kept.
     type: path
     default: /etc/inferops-numa
   batch:
@@ -183,7 +216,7 @@ options:
 attributes:
   check_mode:
     support: full
-    details: Reports the files it would write and the instances it would start or restart.
+    details: Reports the files it would write and the instances it would start or restart; runs no hook.
   diff_mode:
     support: full
     details: Each file written (headed by its path), and one line per instance started or restarted.
@@ -209,6 +242,10 @@ EXAMPLES = r"""
             engine: llama.cpp
             port: 8080
             audit: {min_local_percent: 99}
+            # Out of haproxy's backend before its restart, back once ready and audited.
+            drain_command: [/usr/local/bin/haproxy-state, llm/llama@0.service, drain]
+            undrain_command: [/usr/local/bin/haproxy-state, llm/llama@0.service, ready]
+            drain_seconds: 10
 """
 
 RETURN = r"""
@@ -252,11 +289,12 @@ from typing import Any, Dict, List, Optional
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.measure.ab_gate import Gate, gate_from
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.hooks import hooks_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Deployment, Host, Instance, Options, deploy
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC, health_url
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.records import PENDING
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import Service
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import HOOK_SECONDS, Service
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate, judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import UnitAudit
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
@@ -269,6 +307,9 @@ INSTANCE_OPTIONS = {
     "files": {"type": "list", "elements": "path", "default": []},
     "engine": {"type": "str", "default": GENERIC, "choices": list(ENGINES)},
     "port": {"type": "int"}, "health_url": {"type": "str"},
+    "drain_command": {"type": "list", "elements": "str", "default": []},
+    "undrain_command": {"type": "list", "elements": "str", "default": []},
+    "hook_seconds": {"type": "float", "default": HOOK_SECONDS}, "drain_seconds": {"type": "float", "default": 0.0},
     "audit": {"type": "dict", "options": judging.argument_spec()},
     "ab_gate": {"type": "dict", "options": gate.argument_spec()},
 }
@@ -296,11 +337,16 @@ def _deployment(entry: Dict[str, Any], check: bool, request_seconds: float) -> D
 
 def _instance(entry: Dict[str, Any], record: str, check: bool, request_seconds: float) -> Instance:
     audit = entry["audit"]
+    try:
+        hooks = hooks_from(entry["drain_command"], entry["undrain_command"], entry["hook_seconds"],
+                           entry["drain_seconds"])
+    except NumaError as exc:
+        raise NumaError("%s: %s" % (entry["unit"], exc)) from None
     # A dry run audits nothing.
     return Instance(entry["unit"], health_url(entry["engine"], entry["port"], entry["health_url"]), entry["port"],
                     None if audit is None or check else UnitAudit(entry["unit"], _plan(entry["unit"], record),
                                                                   audit["min_local_percent"], audit["pages"]),
-                    _gate(entry, request_seconds))
+                    _gate(entry, request_seconds), hooks)
 
 
 def _plan(unit: str, record: str) -> Dict[str, Any]:

@@ -10,7 +10,8 @@ the first and prints the whole spec after it), and a typo'd key is named with th
 a variable of the play very close to a role's option. Beyond its type, each value is checked by the rule that
 would refuse it later, after hosts were changed: a service's name by the unit filter's own function, its
 ``health_url`` as the readiness probe reads it, its ``ab_gate`` against inputs/gate (the table numa_rollout
-checks it with), a ``{port}`` or a gate against its ``port_base``; NaN and the infinities pass no bound.
+checks it with), its traffic hooks as argv lists with only the hooks' tokens, a ``{port}`` or a gate against its
+``port_base``; NaN and the infinities pass no bound.
 Checked values come back converted (``-e numa_host_metrics=false`` is the boolean false on every core), so
 the roles convert once, here, and never per task.
 """
@@ -62,6 +63,9 @@ ENTRY_RANGES = {
     "port_base": (1, 65535),
     "restart_sec": (0, None),
     "min_local_percent": (0, 100),
+    "hook_seconds": (1, 86400),
+    "drain_seconds": (0, 86400),
+    "stop_timeout_seconds": (1, 86400),
 }
 # What the unit template writes of an entry, checked as its filters check it (act/unit_text), so a value the unit
 # cannot hold is named before any host is changed, not when the template renders.
@@ -279,6 +283,10 @@ def _check_entry(entry: Mapping[str, Any], spec: Mapping[str, Any]) -> Tuple[Dic
 
 def _check_key(key: str, value: Any, option: Mapping[str, Any]) -> Tuple[Any, List[str]]:
     """(the value converted, its problems): its type, then what the unit or the role does with it."""
+    if key in HOOKS:  # before conversion: the validator would split a string on its commas into a list
+        found = check_hook(value)
+        if found:
+            return value, found
     converted, problem = check_value(key, value, option, ENTRY_RANGES.get(key))
     if problem:
         return converted, [problem]
@@ -332,6 +340,27 @@ def check_url(url: str) -> List[str]:
     return []
 
 
+HOOKS = ("drain_command", "undrain_command")
+HOOK_EXAMPLE = '["socat", "stdio", "/run/haproxy.sock"]'
+
+
+def check_hook(argv: Any) -> List[str]:
+    """"cause; fix" for a traffic hook numa_rollout could not run as it is meant: not a list of strings (a string
+    is no argv: nothing splits it as a shell would), an empty program, or a {token} that is none of the hooks'
+    (base/tokens.HOOK_TOKENS), which would reach the load balancer as it is."""
+    argv = plain(argv)
+    if not isinstance(argv, list) or not all(isinstance(arg, str) for arg in argv):
+        return ["%s is not a list of strings; give the command as an argv list (no shell), like %s"
+                % (quoted(argv), HOOK_EXAMPLE)]
+    if argv and not argv[0]:
+        return ["its program (the first item) is empty; give the program to run, like %s" % HOOK_EXAMPLE]
+    unknown = tokens.unknown_tokens(argv)
+    if unknown:
+        known = ", ".join("{%s}" % token for token in tokens.HOOK_TOKENS)
+        return ["%s: no such token; a hook's tokens are %s" % (printable(", ".join(unknown)), known)]
+    return []
+
+
 # Checks of a converted value that return (the value, its problems): the A/B gate's keys against inputs/gate, the
 # readiness URL against what the probe asks.
 VALUE_CHECKS = {
@@ -348,7 +377,7 @@ def _across_keys(checked: Mapping[str, Any], bad: Collection[str]) -> List[str]:
     if checked.get(GATE) is not None and GATE not in bad:
         problems.append("%s: needs port_base, the port the gate measures each instance at; set port_base, or "
                         "remove %s" % (GATE, GATE))
-    for key in ("command", "health_url"):
+    for key in ("command", "health_url") + HOOKS:
         if checked.get(key) is not None and key not in bad:
             problems += ["%s: %s" % (key, problem) for problem in port_problems(checked[key])]
     return problems

@@ -22,7 +22,7 @@ import stat
 import time
 
 from ..base.errors import NumaError, shown
-from ..decide.records import AB_GATES, PENDING, rejected_record_name
+from ..decide.records import AB_GATES, PENDING, UNDRAIN, rejected_record_name
 from ..decide.rollout import Found
 from ..system import root_files, safe_fs, trusted_files
 
@@ -169,6 +169,23 @@ def write_pending(record_dir: str, pending: Pending) -> None:
 
 def remove_pending(record_dir: str) -> None:
     _write_record(record_dir, PENDING, None)
+
+
+def read_undrain(record_dir: str) -> List[str]:
+    """The units an earlier run left running without traffic (their undrain failed), in order; empty when none.
+    NumaError for a record root cannot trust, or one of another shape."""
+    fix = "look at it, undrain the units it names by hand, then remove it"
+    value = _read_record(record_dir, UNDRAIN, fix)
+    units = (value or {}).get("units", [])
+    if not (isinstance(units, list) and all(isinstance(unit, str) for unit in units)):
+        raise NumaError("refusing %s: it is not a list of units to undrain; %s" % (os.path.join(record_dir, UNDRAIN),
+                                                                                   fix))
+    return units
+
+
+def write_undrain(record_dir: str, units: Sequence[str]) -> None:
+    """The units left without traffic recorded for the next run; none: the record removed."""
+    _write_record(record_dir, UNDRAIN, json.dumps({"units": list(units)}, indent=1) + "\n" if units else None)
 
 
 def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[str, Optional[str]]:

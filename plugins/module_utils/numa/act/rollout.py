@@ -38,15 +38,16 @@ import json
 import os
 import socket
 import time
-from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..measure import engine_http
 from ..measure.ab_gate import Gate, judge, measure
-from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, remove_pending,
-                           write_files, write_pending, write_rejected)
+from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, read_undrain,
+                           remove_pending, write_files, write_pending, write_rejected, write_undrain)
+from .hooks import HookRun, Hooks, hook_problem, run_hook
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
-from ..decide.records import PENDING, rejected_record_name
+from ..decide.records import PENDING, UNDRAIN, rejected_record_name
 from ..decide.rollout import Change, Found, Service, decide, previous_texts, rejected_record
 from ..read.audit import UnitAudit, audit_units
 from ..read.kernel_files import printable
@@ -71,6 +72,7 @@ class Instance(NamedTuple):
     port: Optional[int]
     audit: Optional[UnitAudit]
     gate: Optional[Gate] = None
+    hooks: Hooks = Hooks()  # its load balancer's drain and undrain (act/hooks); none: nothing run
 
 
 class Deployment(NamedTuple):
@@ -110,14 +112,20 @@ class Host:
 
     def __init__(self, run: CommandRunner, answers: Probe = probe, rates: Measure = measure,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time, hook: HookRun = run_hook) -> None:
         self.run = run
+        self.hook = hook
         self.answers = answers
         self.rates = rates
         self.clock = clock
         self.sleep = sleep
         self.wall = wall
         self.started = {}  # type: Dict[str, float]  # unit -> when we last started it (epoch): its journal since
+        # Units out of their load balancer's traffic: drained, or started by us and not undrained yet. A stop or
+        # restart drains only a unit not among them.
+        self.out = set()  # type: Set[str]
+        # Units running without traffic because their undrain failed: the next run's to undrain (rollout.undrain.json).
+        self.owed = set()  # type: Set[str]
 
     def systemctl(self, action: str, unit: Optional[str] = None) -> Optional[str]:
         """None when ``systemctl ACTION [UNIT]`` succeeded, else one line saying how it failed."""
@@ -134,8 +142,40 @@ class Host:
         """``systemctl start|restart`` the unit, after ``reset-failed``: a unit that hit its start limit in a
         crash loop refuses every start until then ("start request repeated too quickly")."""
         self.started[unit] = self.wall()
+        if action == "start":  # it was not running, so no load balancer sends it anything until its undrain
+            self.out.add(unit)
         self.systemctl("reset-failed", unit)  # its own failure (a unit not loaded yet) is the start's to say
         return self.systemctl(action, unit)
+
+    def drain(self, instance: Instance) -> Optional[str]:
+        """Take a serving instance out of traffic before it is stopped or restarted: its drain command, then the
+        grace for requests in flight (drain_seconds). None, or the failed drain's one line."""
+        if instance.unit in self.out or not instance.hooks.drain:
+            return None
+        problem = hook_problem("drain", instance.hooks.drain, instance.hooks.seconds, self.hook)
+        if problem:
+            return problem
+        self.out.add(instance.unit)
+        if instance.hooks.drain_seconds:
+            self.sleep(instance.hooks.drain_seconds)
+        return None
+
+    def undrain(self, instance: Instance) -> Optional[str]:
+        """Put an instance that passed its gates back into traffic. None, or the failed undrain's one line (the
+        instance is then owed its undrain)."""
+        problem = (hook_problem("undrain", instance.hooks.undrain, instance.hooks.seconds, self.hook)
+                   if instance.hooks.undrain else None)
+        if problem:
+            self.owed.add(instance.unit)
+            return problem
+        self.out.discard(instance.unit)
+        self.owed.discard(instance.unit)
+        return None
+
+    def stopped(self, unit: str) -> None:
+        """``unit`` was stopped: nothing to undrain any more."""
+        self.out.add(unit)
+        self.owed.discard(unit)
 
     def states(self, units: Sequence[str]) -> Dict[str, Dict[str, str]]:
         return show_units(list(units), self.run)
@@ -181,6 +221,64 @@ def _one_line(text: str) -> str:
 
 
 def deploy(deployments: Sequence[Deployment], options: Options, host: Host, check: bool = False) -> Dict[str, Any]:
+    """Undrain the instances an earlier run left without traffic, then deploy (``_deploy``); the instances this
+    run leaves without traffic (an undrain failed) are recorded in UNDRAIN for the next run, and fail the host.
+    A check runs no hook: it says which undrains it would retry."""
+    owed = read_undrain(options.record_dir)
+    if check:
+        result = _deploy(deployments, options, host, check)
+        if owed:
+            result.update(changed=True, msg="would undrain first: %s; %s" % (", ".join(owed), result["msg"]))
+        return result
+    host.out.update(owed)
+    host.owed.update(owed)
+    by_unit = {instance.unit: instance for deployment in deployments for instance in deployment.instances}
+    warnings = []  # type: List[str]
+    problems = _undrain_owed(owed, by_unit, options, host, warnings)
+    if problems:
+        result = _unfinished(problems, options, "instances an earlier run left without traffic are not undrained",
+                             _owed_said(options))
+    else:
+        result = _deploy(deployments, options, host, check)
+        if owed:
+            result.update(changed=True, msg="undrained first: %s; %s" % (", ".join(owed), result["msg"]))
+    result["warnings"] = warnings + result["warnings"]
+    if set(owed) != host.owed:
+        try:
+            write_undrain(options.record_dir, sorted(host.owed))
+        except NumaError as exc:
+            result.update(failed=True, msg="%s; %s" % (result["msg"], exc))
+    if host.owed and not problems:
+        result.update(failed=True, msg="%s; %s run without traffic: their undrain failed; %s" % (
+            result["msg"], ", ".join(sorted(host.owed)), _owed_said(options)))
+    return result
+
+
+def _undrain_owed(owed: Sequence[str], instances: Mapping[str, Instance], options: Options, host: Host,
+                  warnings: List[str]) -> List[str]:
+    """Each unit an earlier run left without traffic undrained once it answers; the problems, one line each. A
+    unit whose service has no undrain command now is dropped with a warning: nothing here can put it back."""
+    problems = []  # type: List[str]
+    for unit in owed:
+        instance = instances.get(unit)
+        if instance is None or not instance.hooks.undrain:
+            host.owed.discard(unit)
+            warnings.append("%s was left without traffic by an earlier run, and no undrain command of this run names "
+                            "it: put it back into its load balancer by hand" % unit)
+            continue
+        why = wait_ready(instance, options.ready_seconds, host)
+        problem = "not ready: %s" % why if why else host.undrain(instance)
+        if problem:
+            problems.append("%s: %s" % (unit, problem))
+    return problems
+
+
+def _owed_said(options: Options) -> str:
+    return ("the host stays marked for retry (%s): the next run undrains them before it deploys; fix the undrain "
+            "command or the load balancer and run again" % os.path.join(options.record_dir, UNDRAIN))
+
+
+def _deploy(deployments: Sequence[Deployment], options: Options, host: Host, check: bool = False) -> Dict[str, Any]:
     """Apply the services' files and (re)start their instances behind their gates (see the module docstring).
 
     Returns {"changed", "failed", "msg", "instances": [{unit, action, ok, msg, rolled_back, ab_gate}],
@@ -253,9 +351,9 @@ def _verdicts(results: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     return {result["unit"]: result["ab_gate"] for result in results if result["ab_gate"]}
 
 
-def _unfinished(problems: Sequence[str], options: Options, what: str) -> Dict[str, Any]:
+def _unfinished(problems: Sequence[str], options: Options, what: str, said: str = "") -> Dict[str, Any]:
     return {"changed": True, "failed": True, "instances": [], "services": {}, "diffs": [], "warnings": [],
-            "msg": "%s: %s; %s" % (what, "; ".join(problems), _marked(options))}
+            "msg": "%s: %s; %s" % (what, "; ".join(problems), said or _marked(options))}
 
 
 def _marked(options: Options) -> str:
@@ -283,9 +381,14 @@ def _roll(due: Sequence[Tuple[Instance, str]], first: Sequence[str], pending: Pe
 
 def _batch(group: Sequence[Tuple[Instance, str]], first: Sequence[str], pending: Pending, options: Options,
            host: Host) -> List[Dict[str, Any]]:
-    """One batch: baselines measured, instances (re)started, then each gated. A baseline that cannot be measured
-    leaves the whole batch as it runs: the change is then taken back, unmeasured. Each instance is in the pending
-    record before anything starts it (its unbound baseline, its bound start)."""
+    """One batch: the running instances drained, baselines measured, instances (re)started, then each gated and,
+    passed, undrained. A drain that fails, or a baseline that cannot be measured, leaves the whole batch as it
+    runs (undrained again): the change is then taken back, unmeasured. Each instance is in the pending record
+    before anything starts it (its unbound baseline, its bound start). An undrain that fails fails its
+    instance: the change is taken back, and the rollback's restart undrains it again."""
+    undrained = _drain(group, host)
+    if undrained:
+        return undrained
     baselines = {}  # type: Dict[str, Any]
     for instance, action in group:
         if instance.gate and instance.unit in first:
@@ -296,13 +399,50 @@ def _batch(group: Sequence[Tuple[Instance, str]], first: Sequence[str], pending:
     unmeasured = {unit: why for unit, why in baselines.items() if isinstance(why, str)}
     refused = _touch(pending, [instance.unit for instance, _action in group], options) if not unmeasured else None
     if unmeasured or refused:
-        return [_result(instance, action, False, "%s: not %s: %s" % (
-            instance.unit, DONE[action], refused or unmeasured.get(instance.unit, "another instance of its batch was "
-                                                                                  "not measured before its restart")))
-                for instance, action in group]
+        return _left_as_they_run(group, host, {instance.unit: refused or unmeasured.get(
+            instance.unit, "another instance of its batch was not measured before its restart")
+            for instance, _action in group})
     started = {instance.unit: host.start(action, instance.unit) for instance, action in group}
-    return [_ab(result, instance, baselines.get(instance.unit), host, instance.unit in first)
-            for result, (instance, _action) in zip(_gate(group, started, options, host), group)]
+    judged = [_ab(result, instance, baselines.get(instance.unit), host, instance.unit in first)
+              for result, (instance, _action) in zip(_gate(group, started, options, host), group)]
+    return [_undrained(result, instance, host) for result, (instance, _action) in zip(judged, group)]
+
+
+def _drain(group: Sequence[Tuple[Instance, str]], host: Host) -> List[Dict[str, Any]]:
+    """Each running instance of the batch drained before anything touches it; empty when all were, else the
+    batch's results: none touched, those already drained undrained again."""
+    for instance, action in group:
+        problem = host.drain(instance) if action == "restart" else None
+        if problem:
+            why = {other.unit: "another instance of its batch was not drained" for other, _action in group}
+            why[instance.unit] = ("%s; the instance was not touched: fix the drain command or the load balancer and "
+                                  "run again" % problem)
+            return _left_as_they_run(group, host, why)
+    return []
+
+
+def _left_as_they_run(group: Sequence[Tuple[Instance, str]], host: Host,
+                      why: Mapping[str, str]) -> List[Dict[str, Any]]:
+    """The results of a batch left untouched, each instance drained for it put back into traffic."""
+    results = []
+    for instance, action in group:
+        said = why[instance.unit]
+        problem = host.undrain(instance) if instance.unit in host.out and action == "restart" else None
+        if problem:
+            said += "; and putting it back into traffic failed: %s" % problem
+        results.append(_result(instance, action, False, "%s: not %s: %s" % (instance.unit, DONE[action], said)))
+    return results
+
+
+def _undrained(result: Dict[str, Any], instance: Instance, host: Host) -> Dict[str, Any]:
+    """A (re)started instance that passed every gate put back into traffic: its undrain is its last gate."""
+    if not (result["ok"] and _kept(result)):
+        return result
+    problem = host.undrain(instance)
+    if problem is None:
+        return result
+    return dict(result, ok=False, msg="%s: ready and judged, but %s: it runs without traffic" % (instance.unit,
+                                                                                             problem))
 
 
 def _touch(pending: Pending, units: Sequence[str], options: Options) -> Optional[str]:
@@ -501,13 +641,19 @@ def take_back(pending: Pending, options: Options, host: Host,
     said = {}  # type: Dict[str, str]
     problems = []  # type: List[str]
     restart = [unit for unit in pending.touched if pending.units[unit] and unit not in pending.first]
+    known = {unit: instances.get(unit, Instance(unit, None, None, None)) for unit in pending.touched}
     for unit in pending.touched:
         if unit in restart:
             continue
+        # Out of traffic first: a stop is the end of a rollback, not a reason to drop its requests.
+        drained = host.drain(known[unit])
         problem = host.systemctl("stop", unit)
         said[unit] = ("stopped: %s" % ("its first deployment, nothing to go back to" if unit in pending.first else
                                        "it did not run before the change") if not problem else "NOT stopped")
+        said[unit] += "; %s, stopped all the same" % drained if drained and not problem else ""
         problems += [problem] if problem else []
+        if not problem:
+            host.stopped(unit)
     problems += ["%s not put back" % problem for problem in write_files(pending.files)]
     problems += [problem for problem in (remove_baseline_drop_in(options.root, unit) for unit in pending.touched)
                  if problem]
@@ -516,19 +662,37 @@ def take_back(pending: Pending, options: Options, host: Host,
         if reload:
             said[unit] = "NOT restarted: systemd did not reload"
             continue
+        # A rollback restarts whatever its drain said: the host back as it was matters more than the requests.
+        drained = host.drain(known[unit])
         refused = host.start("restart", unit)
         if refused:  # what runs now is unknown: the change's process may still be running
             said[unit] = "NOT restarted"
             problems.append("%s not back: %s" % (unit, refused))
             continue
         # Restarted on its previous files: not ready there either is the server's trouble, said, not retried.
-        why = wait_ready(instances.get(unit, Instance(unit, None, None, None)), options.ready_seconds, host)
+        why = wait_ready(known[unit], options.ready_seconds, host)
         said[unit] = "back on its previous unit and plan, %s" % ("ready" if why is None else "NOT ready: %s" % why)
+        said[unit] += "; %s, restarted all the same" % drained if drained else ""
+        back = _back_into_traffic(known[unit], why, host)
+        said[unit] += "; %s" % back if back else ""
     if reload:
         problems.append(reload + ("; %s not restarted" % ", ".join(restart) if restart else ""))
     for unit in pending.units:
         said.setdefault(unit, "left on its previous unit and plan")
     return said, problems
+
+
+def _back_into_traffic(instance: Instance, why: Optional[str], host: Host) -> str:
+    """What undraining an instance a rollback restarted did ("" without an undrain command): only a ready one is
+    put back, and one that is not (or whose undrain fails) is owed its undrain."""
+    if not instance.hooks.undrain:
+        host.out.discard(instance.unit)
+        return ""
+    if why is not None:
+        host.owed.add(instance.unit)
+        return "NOT undrained: not ready"
+    problem = host.undrain(instance)
+    return "undrained" if problem is None else "NOT undrained: %s" % problem
 
 
 # --- results ----------------------------------------------------------------------------------------------

@@ -1,10 +1,13 @@
-"""The server's command from a plan: ``{threads}``-style tokens filled, the engine's arguments added.
+"""The server's command from a plan: ``{threads}``-style tokens filled, the engine's arguments added; a
+service's traffic hooks (drain, undrain) filled by the same rule from their own tokens.
 
 numa-pin does it at every start (wrapper mode), the inference_service role
 at deploy time (systemd mode); both call server_command. The names of numa-pin's own
 environment, which the role's units set and numa-pin reads, live here too.
 """
 from __future__ import annotations
+
+import re
 
 from .errors import NumaError
 
@@ -13,6 +16,11 @@ if TYPE_CHECKING:
     from typing import Any, List, Mapping, Sequence, Tuple
 
 TOKENS = ("threads", "node", "cpulist", "instance", "port")
+# A traffic hook's tokens (the inference_service role's drain_command, undrain_command): an instance as a load
+# balancer names it, not its placement, which a hook has no use for.
+HOOK_TOKENS = ("service", "unit", "instance", "port")
+# What reads as a token: a word in braces. JSON in an argument ({"state": "drain"}) is not one.
+_TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # numa-pin's own environment, which a service's environment may not set.
 OWN_ENV_PREFIX = "INFEROPS_NUMA_"
 # =unbound: numa-pin exec leaves the affinity and memory policy at the Linux default, for the A/B gate's baseline.
@@ -27,18 +35,19 @@ def server_command(argv: Sequence[str], plan: Mapping[str, Any]) -> Tuple[List[s
     return with_engine_args(substitute_tokens(argv, plan), (plan.get("engine") or {}).get("args") or [])
 
 
-def substitute_tokens(argv: Sequence[str], plan: Mapping[str, Any]) -> List[str]:
-    """Replace ``{threads}`` ``{node}`` ``{cpulist}`` ``{instance}`` ``{port}`` from a plan dict.
+def substitute_tokens(argv: Sequence[str], plan: Mapping[str, Any], names: Sequence[str] = TOKENS) -> List[str]:
+    """Replace ``{threads}`` ``{node}`` ``{cpulist}`` ``{instance}`` ``{port}`` (or the tokens ``names``) from a
+    plan dict (or a hook's values).
 
     Only these exact tokens are replaced (no ``str.format``), so other braces in
     an argument, like a JSON value, pass through untouched.
     """
-    values = dict((token, str(plan[token])) for token in TOKENS if plan.get(token) is not None)
+    values = dict((token, str(plan[token])) for token in names if plan.get(token) is not None)
     result = []
     for arg in argv:
         if not isinstance(arg, str):
             raise NumaError("argument %r is not a string: write every argument of the command as text" % (arg,))
-        for token in TOKENS:
+        for token in names:
             marker = "{%s}" % token
             if marker in arg:
                 if token not in values:
@@ -47,6 +56,17 @@ def substitute_tokens(argv: Sequence[str], plan: Mapping[str, Any]) -> List[str]
                 arg = arg.replace(marker, values[token])
         result.append(arg)
     return result
+
+
+def unknown_tokens(argv: Sequence[str], names: Sequence[str] = HOOK_TOKENS) -> List[str]:
+    """The ``{word}`` tokens of ``argv`` that are none of ``names``, in order, each once: a hook's typo
+    (``{unti}``) would otherwise reach the load balancer as it is."""
+    found = []  # type: List[str]
+    for arg in argv:
+        for word in _TOKEN.findall(arg):
+            if word not in names and "{%s}" % word not in found:
+                found.append("{%s}" % word)
+    return found
 
 
 def _missing_token_fix(token: str) -> str:

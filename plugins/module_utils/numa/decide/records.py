@@ -25,6 +25,8 @@ AUDIT_SUFFIX = ".audit.json"
 REJECTED_SUFFIX = ".rejected.json"
 # The record of a change nobody has judged yet (act/change_files), root's alone to read.
 PENDING = "rollout.pending.json"
+# The instances a rollout left running without traffic (their undrain failed): the next run undrains them first.
+UNDRAIN = "rollout.undrain.json"
 # The A/B gates' last verdicts (the metrics and the fleet report show them).
 AB_GATES = "ab-gates.json"
 

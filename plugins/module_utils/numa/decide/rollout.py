@@ -23,8 +23,11 @@ import json
 import os
 from typing import Any, Dict, FrozenSet, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
+from ..base.tokens import HOOK_TOKENS, substitute_tokens
 from .records import audit_record_name, plan_record_name, plan_record_parts
 
+# A traffic hook's deadline unless the entry says (hook_seconds): a load balancer's API answers in far less.
+HOOK_SECONDS = 60
 # The drop-in of an instance's placement in pin_mode systemd (the role's numa-placement.conf.j2).
 PLACEMENT_DROP_IN = "50-inferops-numa.conf"
 
@@ -106,7 +109,8 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
                     placements: Sequence[str], unit_dir: str, plan_dir: str) -> Dict[str, Any]:
     """One service of numa_rollout's ``services``: every file the entry wants (its unit template, each instance's
     plan record and systemd placement drop-in, or that drop-in's absence in pin_mode wrapper, its audit settings)
-    and each instance with the files it starts from, its readiness, audit and A/B gate.
+    and each instance with the files it starts from, its readiness, audit, A/B gate and traffic hooks (their
+    tokens filled: ``hook_argv``).
 
     ``records`` are the instances' plan records (numa_plan's ``record``), ``placements`` their rendered drop-ins
     (pin_mode systemd; empty otherwise)."""
@@ -120,6 +124,10 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
         files.append({"path": drop_in, "content": placements[index] if entry["pin_mode"] == "systemd" else "",
                       "state": "present" if entry["pin_mode"] == "systemd" else "absent", "systemd": True})
         instances.append({"unit": "%s@%d.service" % (unit, index), "record": record_path,
+                          "drain_command": hook_argv(entry.get("drain_command"), unit, index, record.get("port")),
+                          "undrain_command": hook_argv(entry.get("undrain_command"), unit, index, record.get("port")),
+                          "hook_seconds": entry.get("hook_seconds") or HOOK_SECONDS,
+                          "drain_seconds": entry.get("drain_seconds") or 0,
                           "files": [template, record_path, drop_in], "engine": entry.get("engine") or "generic",
                           "port": record.get("port"), "health_url": entry.get("health_url"),
                           "ab_gate": entry.get("ab_gate"),
@@ -130,6 +138,14 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
                                           "min_local_percent": float(entry["min_local_percent"]),
                                           "pages": entry["pages"], "on_drift": entry["on_drift"]})})
     return {"name": unit, "files": files, "instances": instances}
+
+
+def hook_argv(argv: Optional[Sequence[str]], unit: str, index: int, port: Optional[int]) -> List[str]:
+    """A traffic hook of instance ``index`` of service ``unit`` with its tokens filled (base/tokens.HOOK_TOKENS:
+    ``{service}``, ``{unit}``, ``{instance}``, ``{port}``), by the rule the server's command is filled with; empty
+    for none."""
+    values = {"service": unit, "unit": "%s@%d.service" % (unit, index), "instance": index, "port": port}
+    return substitute_tokens(argv or [], values, HOOK_TOKENS)
 
 
 def stale_instances(paths: Sequence[str], unit: str, count: int) -> List[int]:
