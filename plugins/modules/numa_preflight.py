@@ -28,7 +28,7 @@ description:
   - Fails with one line per problem (host, service, key, cause, fix) and changes nothing. Playbook
     C(inferops.numa.site) runs it on every host before any change (C(--tags preflight) runs only it); both roles run
     it at their entry, and a second run in the same play run with the same inputs skips the host checks.
-  - In check mode a host whose PID 1 is not systemd is no problem: the dry run goes on to plan every instance and
+  - In check mode a host whose PID 1 is not systemd is no problem. The dry run goes on to plan every instance and
     render its unit, and RV(without_systemd) says in one line what would need systemd; a real run refuses there.
 author:
   - inferops.numa contributors (@inferops)
