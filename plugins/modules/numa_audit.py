@@ -428,7 +428,8 @@ def _report_units(module: AnsibleModule, audits: list, reports: dict, names: lis
               "msg": "; ".join(failed) if failed else "%d unit(s) audited, all ok" % len(ordered)}
     if records is not None:
         result["table"] = placement_table(
-            {"instance": record["unit"][:-len(".service")], "plan": record["plan"], "audit": reports[record["unit"]],
+            {"instance": record["unit"][:-len(".service")], "plan": dict(record["plan"], **record["listed"]),
+             "audit": reports[record["unit"]],
              "tokens_per_second": record["tokens_per_second"]} for record in records)
     if failed:
         module.fail_json(**result)

@@ -22,16 +22,18 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..read import audit, resctrl, systemctl
 from ..inputs import judging
 from ..system import trusted_files
-from ..base.cpulist import format_cpulist, parse_integer
+from ..base.cpulist import MAX_CPUS, format_cpulist, parse_integer
 from ..base.errors import NumaError, shown
 from .table import gate_rate
-from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name, plan_fields, plan_problem,
-                              plan_record_parts, plan_record_unit)
+from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name, is_count, plan_fields,
+                              plan_problem, plan_record_parts, plan_record_unit)
 
 PLAN_DIR = "/etc/inferops-numa"
 ON_DRIFT = ("none", "evict", "restart")
 # What a service is held to when the deployment left no audit settings for it: the role's defaults.
 DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
+# A plan record's fields the placement table lists that plan_fields leaves out, each with its largest value.
+LISTED = {"threads": MAX_CPUS, "port": 65535}
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
 
 
@@ -108,8 +110,8 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
         return []
     records = []
     settings = {}  # type: Dict[str, Dict[str, Any]]
-    written = _gates_written(fd, plan_dir, warnings)
-    gates = ab_gates(written, plan_dir, warnings)
+    verdicts = _gates_written(fd, plan_dir, warnings)
+    gates = ab_gates(verdicts, plan_dir, warnings)
     for name in _unambiguous(names, plan_dir, warnings):
         path = os.path.join(plan_dir, name)
         try:
@@ -124,8 +126,11 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
         unit = "%s@%d.service" % (service, index)
         records.append({"service": service, "index": index, "unit": unit, "plan": plan, "plan_mtime": mtime,
                         "settings": settings[service], "ab_gate": gates.get(unit),
-                        # The placement table's tokens/s (numa_audit's): the rate the gate left running.
-                        "tokens_per_second": gate_rate(written.get(unit)) if unit in gates else None})
+                        # What numa_audit's placement table shows besides the plan's fields: the threads and the
+                        # port the record holds (whole numbers, or left out), the rate the gate left running.
+                        "listed": {key: written[key] for key, largest in LISTED.items()
+                                   if is_count(written.get(key), largest)},
+                        "tokens_per_second": gate_rate(verdicts.get(unit)) if unit in gates else None})
     return sorted(records, key=lambda record: (record["service"], record["index"]))
 
 
