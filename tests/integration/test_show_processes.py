@@ -32,6 +32,7 @@ PLAY = """\
     - name: Deploy
       ansible.builtin.include_role:
         name: inferops.numa.inference_service
+        tasks_from: %s
 """
 WITHOUT_SYSTEMD = ("systemd: PID 1 here is bash, not systemd; starting, restarting, enabling and auditing the "
                    "instances, and the metrics timer, need it: run the roles on a host booted with systemd (--check "
@@ -52,14 +53,15 @@ def _entry(port, **changes):
                  "user": "root", "restart_sec": 1, "pages": "anon"}, **changes)
 
 
-def _run(tmp_path, captured, variables, *extra, env=None):
-    """ansible-playbook of PLAY at default verbosity: (exit code, output)."""
+def _run(tmp_path, captured, variables, *extra, env=None, tasks="main"):
+    """ansible-playbook of PLAY (the role's ``tasks`` file: main, or audit as site.yml --tags audit runs it) at
+    default verbosity: (exit code, output)."""
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"box": dict({
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
         "captured_root": captured}, **variables)}}}))
     play = tmp_path / "play.yml"
-    play.write_text(PLAY)
+    play.write_text(PLAY % tasks)
     env = dict(env or os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"), ANSIBLE_NOCOLOR="1",
                ANSIBLE_CALLBACK_RESULT_FORMAT="json")
     done = subprocess.run([ansible_command("ansible-playbook"), "-i", str(inventory), str(play)] + list(extra),
@@ -137,7 +139,7 @@ def deployed(tmp_path, trusted_dir):
         yield fake, captured, os.path.join(trusted_dir, "plans")
 
 
-def test_a_deployment_ends_with_the_table_its_audit_and_gate_filled_in(tmp_path, deployed):
+def test_a_deployment_and_its_later_audit_end_with_the_table_filled_in(tmp_path, deployed):
     fake, captured, plans = deployed
     port = _port()
     # pin_mode systemd: the fake systemd places the instance itself, no numa-pin installed here is needed.
@@ -154,3 +156,10 @@ def test_a_deployment_ends_with_the_table_its_audit_and_gate_filled_in(tmp_path,
     # The audit's local share of the pages and the gate's rate (the stand-in engine's, --rate 10.0).
     assert re.fullmatch(r"\d+\.\d\d %", row["local pages"]), row
     assert float(row["tokens/s"]) == pytest.approx(10.0, rel=0.5), row
+    # site.yml --tags audit: the same table, from the records the deployment left and its gate's verdict.
+    code, output = _run(tmp_path, captured, variables, env=fake.env(), tasks="audit")
+    assert code == 0 and "Audited on box:" in output, output
+    (again,) = _rows(output)
+    assert {key: again[key] for key in ("instance", "node(s)", "cpus", "policy", "threads", "port", "tokens/s")} == {
+        key: row[key] for key in ("instance", "node(s)", "cpus", "policy", "threads", "port", "tokens/s")}, output
+    assert re.fullmatch(r"\d+\.\d\d %", again["local pages"]), again
