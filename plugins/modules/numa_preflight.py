@@ -92,7 +92,7 @@ without_systemd:
     - A real run fails with it among RV(problems). In check mode it is no problem, only said once as a warning, so a
       dry run plans every instance and renders its unit on a machine without systemd (a container, a build box);
       the roles then skip what asks systemd (the instances' states, enabling them, the audit).
-  returned: always
+  returned: success
   type: str
   sample: "systemd: PID 1 here is bash, not systemd; starting, restarting, enabling and auditing the instances, and
     the metrics timer, need it: run the roles on a host booted with systemd (--check plans here without it)"
