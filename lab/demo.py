@@ -21,6 +21,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import labvm  # noqa: E402  (lab/ is not a package)
+sys.path.insert(0, str(REPO / "build"))  # the checkout as ansible_collections/inferops/numa (make venv links it)
+# The table the inference_service role ends a deployment with: one function formats both.
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.table import placement_table  # noqa: E402
 
 VM_NAME = "demo"
 MODEL_MB = 32
@@ -77,24 +80,18 @@ def instance_rows(vm: dict):
         audit = labvm.run_ssh(vm, "/usr/local/bin/numa-pin audit --unit %s --plan-file "
                                   "/etc/inferops-numa/%s.plan.json" % (unit, name), check=False)
         report = json.loads(audit.stdout) if audit.stdout.strip() else {}
-        yield (name, ",".join(str(n) for n in plan["mem_nodes"]), plan["cpulist"], plan["policy"],
-               str(plan["threads"]), _percent(report.get("local_percent")), _percent(report.get("file_local_percent")),
-               str(plan.get("port")), tokens)
+        yield {"instance": name, "plan": plan, "audit": report, "tokens_per_second": tokens}
 
 
-def _tokens_per_second(vm: dict, port) -> str:
-    """Ask the instance for 16 tokens; its own timings say how fast they came."""
+def _tokens_per_second(vm: dict, port):
+    """Ask the instance for 16 tokens; its own timings say how fast they came (None: no answer, shown "-")."""
     body = json.dumps({"prompt": "The socket link costs", "n_predict": 16, "ignore_eos": True})
     seconds = labvm.budget(vm, COMPLETION_S)
     answer = labvm.run_ssh(vm, "curl -sf --max-time %d http://127.0.0.1:%s/completion -d '%s'" % (seconds, port, body),
                            check=False, timeout=seconds + 60)
     if answer.returncode != 0:
-        return "no answer"
-    return "%.1f" % json.loads(answer.stdout)["timings"]["predicted_per_second"]
-
-
-def _percent(value) -> str:
-    return "-" if value is None else "%.2f %%" % value
+        return None
+    return json.loads(answer.stdout)["timings"]["predicted_per_second"]
 
 
 def describe_topology(vm: dict) -> str:
@@ -104,15 +101,6 @@ def describe_topology(vm: dict) -> str:
     distances = sorted({d for row in facts.get("distances") or [] for d in row})
     slit = "; SLIT %s" % "/".join(str(d) for d in distances) if distances else ""
     return "%d node(s): %s%s" % (facts["node_count"], nodes, slit)
-
-
-def print_table(rows):
-    header = ("instance", "node(s)", "cpus", "policy", "threads", "local pages", "model pages local", "port",
-              "tokens/s")
-    rows = [header] + list(rows)
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    for row in rows:
-        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
 
 
 def up() -> int:
@@ -125,7 +113,7 @@ def up() -> int:
     labvm.put_file(vm, model, "/srv/models/model.gguf")
     ansible_playbook(write_inventory(vm), REPO / "site.yml")
     print("\nThe example fleet in the emulated dual-socket guest (%s):\n" % describe_topology(vm))
-    print_table(instance_rows(vm))
+    print("\n".join(placement_table(instance_rows(vm))))
     print("\nssh in:   python3 lab/labvm.py ssh %s" % VM_NAME)
     print("try:      curl -s http://127.0.0.1:8080/completion -d '{\"prompt\":\"Hi\",\"n_predict\":8}'   (inside)")
     print("stop it:  make demo-down")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
@@ -49,10 +49,19 @@ class ActionModule(ActionBase):
         digest = hashlib.sha256(json.dumps([module_args, settings.get("numa_host_python"),
                                             settings.get("numa_host_python_min_version")],
                                            sort_keys=True, default=repr).encode()).hexdigest()
-        checked = any(isinstance(earlier, dict) and earlier.get("digest") == digest and not earlier.get("failed")
-                      for earlier in (task_vars.get(name) for name in REGISTERED))
-        if not checked:
-            problems += self._host_problems(settings, module_args, task_vars)
+        earlier = [found for found in (task_vars.get(name) for name in REGISTERED)
+                   if isinstance(found, dict) and found.get("digest") == digest and not found.get("failed")]
+        checked = bool(earlier)
+        if checked:
+            without_systemd = earlier[0].get("without_systemd")
+        else:
+            found, without_systemd = self._host_problems(settings, module_args, task_vars)
+            problems += found
+        if without_systemd and self._task.check_mode:
+            # A dry run without systemd still plans and renders every unit; only what asks systemd is skipped.
+            problems = [line for line in problems if line != without_systemd]
+            if not checked:
+                display.warning("%s: planning only: %s" % (host, without_systemd))
         if problems:
             for line in problems:
                 display.error("preflight: %s: %s" % (host, line), wrap_text=False)
@@ -60,16 +69,18 @@ class ActionModule(ActionBase):
                         msg="preflight found %d problem(s) on %s, listed above (the first: %s); nothing was changed"
                             % (len(problems), host, problems[0]))
         return dict(result, changed=False, problems=[], settings=settings, entries=entries,
-                    host_checked=not checked, digest=digest)
+                    host_checked=not checked, digest=digest, without_systemd=without_systemd)
 
     def _host_problems(self, settings: Dict[str, Any], module_args: Dict[str, Any],
-                       task_vars: Dict[str, Any]) -> List[str]:
+                       task_vars: Dict[str, Any]) -> Tuple[List[str], Optional[str]]:
+        """The host's problems, and the one line saying PID 1 is not systemd (None where it is)."""
         python = self._python_problems(settings)
         if python:
-            return python
+            return python, None
         answer = self._execute_module(module_name="inferops.numa.numa_preflight", module_args=module_args,
                                       task_vars=task_vars)
-        return list(answer.get("problems") or ([str(answer.get("msg"))] if answer.get("failed") else []))
+        return (list(answer.get("problems") or ([str(answer.get("msg"))] if answer.get("failed") else [])),
+                answer.get("without_systemd"))
 
     def _python_problems(self, settings: Dict[str, Any]) -> List[str]:
         """The helper's Python, asked with raw: it may not be the interpreter Ansible runs modules with, and no

@@ -193,6 +193,17 @@ units:
   elements: dict
   sample: [{"unit": "llama@0.service", "ok": true, "local_percent": 100.0,
             "msg": "llama@0.service: PID(s) 912: 140.1 MiB resident, 100.00% of anon + file on node(s) 0"}]
+table:
+  description:
+    - With O(plan_dir), the placement table C(make demo) prints, one line per instance after the header (its plan's
+      node(s), CPUs, policy, threads and port, the local pages audited now, tokens/s where an A/B gate measured it);
+      every value a host wrote is escaped. Returned when the audit fails too, so the failure shows it.
+    - Playbook C(site.yml) shows it with C(--tags audit).
+  returned: when O(plan_dir) is given
+  type: list
+  elements: str
+  sample: ["instance  node(s)  cpus  policy  threads  local pages  model pages local  port  tokens/s",
+           "llama@0   0        0-1   bind    2        100.00 %     99.87 %            8080  13.7"]
 processes:
   description: One entry per audited process.
   returned: with O(unit) or O(pids)
@@ -339,6 +350,8 @@ min_local_percent:
   sample: 99.0
 """
 
+from typing import Optional
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
@@ -346,6 +359,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit impo
     UnitAudit, audit_pids, audit_unit, audit_units, load_plan)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.metrics import read_records
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.table import placement_table
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
@@ -387,15 +401,16 @@ def _audit_deployed(module: AnsibleModule):
     for warning in warnings:
         module.warn(warning)
     if not records:
-        module.exit_json(changed=False, ok=True, units=[],
+        module.exit_json(changed=False, ok=True, units=[], table=[],
                          msg="no instance to audit: none recorded in %s" % module.params["plan_dir"])
     audits = [UnitAudit(record["unit"], record["plan"], record["settings"]["min_local_percent"],
                         record["settings"]["pages"]) for record in records]
-    _report_units(module, audits, {}, [audit.unit for audit in audits])
+    _report_units(module, audits, {}, [audit.unit for audit in audits], records)
 
 
-def _report_units(module: AnsibleModule, audits: list, reports: dict, names: list):
-    """Audit ``audits`` together and report each of ``names`` (those in ``reports`` failed before) in order."""
+def _report_units(module: AnsibleModule, audits: list, reports: dict, names: list, records: Optional[list] = None):
+    """Audit ``audits`` together and report each of ``names`` (those in ``reports`` failed before) in order; with
+    the plan ``records`` they were read from, the placement table as well."""
     params = module.params
     try:
         audited = audit_units(params["root"], audits, params["wait_seconds"], params["settle_seconds"],
@@ -411,6 +426,11 @@ def _report_units(module: AnsibleModule, audits: list, reports: dict, names: lis
     failed = [report["msg"] for report in ordered if not report["ok"]]
     result = {"ok": not failed, "units": ordered,
               "msg": "; ".join(failed) if failed else "%d unit(s) audited, all ok" % len(ordered)}
+    if records is not None:
+        result["table"] = placement_table(
+            {"instance": record["unit"][:-len(".service")], "plan": dict(record["plan"], **record["listed"]),
+             "audit": reports[record["unit"]],
+             "tokens_per_second": record["tokens_per_second"]} for record in records)
     if failed:
         module.fail_json(**result)
     module.exit_json(changed=False, **result)

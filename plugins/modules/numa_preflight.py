@@ -28,6 +28,8 @@ description:
   - Fails with one line per problem (host, service, key, cause, fix) and changes nothing. Playbook
     C(inferops.numa.site) runs it on every host before any change (C(--tags preflight) runs only it); both roles run
     it at their entry, and a second run in the same play run with the same inputs skips the host checks.
+  - In check mode a host whose PID 1 is not systemd is no problem. The dry run goes on to plan every instance and
+    render its unit, and RV(without_systemd) says in one line what would need systemd; a real run refuses there.
 author:
   - inferops.numa contributors (@inferops)
 extends_documentation_fragment:
@@ -84,12 +86,22 @@ host_checked:
   description: Whether the host's checks ran (false when an earlier preflight of this run checked the same inputs).
   returned: success
   type: bool
+without_systemd:
+  description:
+    - The one line saying PID 1 here is not systemd and what needs it, or null on a host booted with systemd.
+    - A real run fails with it among RV(problems). In check mode it is no problem, only said once as a warning, so a
+      dry run plans every instance and renders its unit on a machine without systemd (a container, a build box);
+      the roles then skip what asks systemd (the instances' states, enabling them, the audit).
+  returned: success
+  type: str
+  sample: "systemd: PID 1 here is bash, not systemd; starting, restarting, enabling and auditing the instances, and
+    the metrics timer, need it: run the roles on a host booted with systemd (--check plans here without it)"
 """
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.read.preflight import host_problems
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.preflight import host_problems, systemd_problems
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
@@ -105,7 +117,9 @@ def main() -> None:
                                  module.params["balancing"] or "keep")
     except NumaError as exc:
         module.fail_json(msg=str(exc), problems=[str(exc)])
-    module.exit_json(changed=False, problems=problems)
+    # Named apart as well: the action lets a dry run (check mode) go on without systemd, saying this line once.
+    without = systemd_problems(module.params["root"])
+    module.exit_json(changed=False, problems=problems, without_systemd=without[0] if without else None)
 
 
 if __name__ == "__main__":

@@ -785,9 +785,28 @@ def test_module_audits_every_deployed_instance_as_its_service_was_deployed(trust
         ("a@0.service", [1], 90, "anon"), ("a@1.service", [1], 90, "anon")]
 
 
+def test_module_returns_the_placement_table_of_what_it_audited_with_the_gates_rates(trusted_dir, capsys,
+                                                                                      monkeypatch):
+    for name, content in (("a@0.plan.json", dict(BIND1, threads=2, port=8080)), ("a@1.plan.json", BIND1),
+                          ("ab-gates.json", {"a@0.service": {"kept": True, "gain_percent": 50.0,
+                                                             "before_tokens_per_second": 8.0,
+                                                             "after_tokens_per_second": 12.0}})):
+        with open(os.path.join(trusted_dir, name), "w") as handle:
+            json.dump(content, handle)
+    monkeypatch.setattr(numa_audit, "audit_units", _fake_audit_units({"a@0.service": True, "a@1.service": False}, []))
+    result = run_module({"plan_dir": trusted_dir, "wait_seconds": 0}, capsys)
+    # Returned with the failure too, so a failed --tags audit shows where each instance runs.
+    assert result["failed"] is True
+    assert [line.split() for line in result["table"]] == [
+        ["instance", "node(s)", "cpus", "policy", "threads", "local", "pages", "model", "pages", "local", "port",
+         "tokens/s"],
+        ["a@0", "1", "2-3", "bind", "2", "-", "-", "8080", "12.0"],
+        ["a@1", "1", "2-3", "bind", "-", "-", "-", "-", "-"]]
+
+
 def test_module_with_nothing_deployed_says_so_and_passes(trusted_dir, capsys):
     result = run_module({"plan_dir": os.path.join(trusted_dir, "absent")}, capsys)
-    assert result.get("failed") is not True and result["units"] == []
+    assert result.get("failed") is not True and result["units"] == [] and result["table"] == []
     assert result["msg"] == "no instance to audit: none recorded in %s" % os.path.join(trusted_dir, "absent")
 
 

@@ -68,8 +68,10 @@ def systemd_problems(root: str) -> List[str]:
         booted = tree.exists("run/systemd/system")
     if comm == "systemd" and booted:
         return []
-    return ["systemd: PID 1 here is %s, not systemd; every service and the metrics timer are systemd units: "
-            "run the roles on a host booted with systemd" % (printable(comm) if comm else "unknown")]
+    # One line for both runs: a real one refuses with it, a dry run (--check) plans without systemd and says it.
+    return ["systemd: PID 1 here is %s, not systemd; starting, restarting, enabling and auditing the instances, and "
+            "the metrics timer, need it: run the roles on a host booted with systemd (--check plans here without "
+            "it)" % (printable(comm) if comm else "unknown")]
 
 
 def balancing_problems(root: str) -> List[str]:

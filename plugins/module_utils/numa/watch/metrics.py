@@ -22,15 +22,18 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ..read import audit, resctrl, systemctl
 from ..inputs import judging
 from ..system import trusted_files
-from ..base.cpulist import format_cpulist, parse_integer
+from ..base.cpulist import MAX_CPUS, format_cpulist, parse_integer
 from ..base.errors import NumaError, shown
-from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name, plan_fields, plan_problem,
-                              plan_record_parts, plan_record_unit)
+from .table import gate_rate
+from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name, is_count, plan_fields,
+                              plan_problem, plan_record_parts, plan_record_unit)
 
 PLAN_DIR = "/etc/inferops-numa"
 ON_DRIFT = ("none", "evict", "restart")
 # What a service is held to when the deployment left no audit settings for it: the role's defaults.
 DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
+# A plan record's fields the placement table lists that plan_fields leaves out, each with its largest value.
+LISTED = {"threads": MAX_CPUS, "port": 65535}
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
 
 
@@ -107,7 +110,8 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
         return []
     records = []
     settings = {}  # type: Dict[str, Dict[str, Any]]
-    gates = ab_gates(fd, plan_dir, warnings)
+    verdicts = _gates_written(fd, plan_dir, warnings)
+    gates = ab_gates(verdicts, plan_dir, warnings)
     for name in _unambiguous(names, plan_dir, warnings):
         path = os.path.join(plan_dir, name)
         try:
@@ -121,21 +125,32 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
             continue
         unit = "%s@%d.service" % (service, index)
         records.append({"service": service, "index": index, "unit": unit, "plan": plan, "plan_mtime": mtime,
-                        "settings": settings[service], "ab_gate": gates.get(unit)})
+                        "settings": settings[service], "ab_gate": gates.get(unit),
+                        # What numa_audit's placement table shows besides the plan's fields: the threads and the
+                        # port the record holds (whole numbers, or left out), the rate the gate left running.
+                        "listed": {key: written[key] for key, largest in LISTED.items()
+                                   if is_count(written.get(key), largest)},
+                        "tokens_per_second": gate_rate(verdicts.get(unit)) if unit in gates else None})
     return sorted(records, key=lambda record: (record["service"], record["index"]))
 
 
-def ab_gates(plan_fd: int, plan_dir: str, warnings: List[str]) -> Dict[str, Dict[str, Any]]:
-    """unit -> the A/B gate's last verdict on it (``ab-gates.json``, the role writes it): {kept, gain_percent}
-    (None: nothing to compare with); a verdict that is not two such values is left out with a warning."""
-    path = os.path.join(plan_dir, AB_GATES)
+def _gates_written(plan_fd: int, plan_dir: str, warnings: List[str]) -> Dict[str, Any]:
+    """``ab-gates.json`` as the role wrote it (unit -> verdict), {} when there is none or it cannot be trusted."""
     try:
-        written, _mtime = trusted_files.read_trusted_json(plan_fd, AB_GATES, path, REDEPLOY)
+        written, _mtime = trusted_files.read_trusted_json(plan_fd, AB_GATES, os.path.join(plan_dir, AB_GATES),
+                                                          REDEPLOY)
     except FileNotFoundError:
         return {}
     except NumaError as exc:
         warnings.append(str(exc))
         return {}
+    return written
+
+
+def ab_gates(written: Mapping[str, Any], plan_dir: str, warnings: List[str]) -> Dict[str, Dict[str, Any]]:
+    """unit -> the A/B gate's last verdict on it (``written``, ``ab-gates.json``): {kept, gain_percent}
+    (None: nothing to compare with); a verdict that is not two such values is left out with a warning."""
+    path = os.path.join(plan_dir, AB_GATES)
     verdicts = {}
     for unit, verdict in written.items():
         gain = verdict.get("gain_percent") if isinstance(verdict, dict) else None
