@@ -43,8 +43,10 @@ PACKAGES = ["systemd-sysv", "dbus", "python3", "openssh-server", "sudo", "procps
 HOOKS = [
     # sshd starts once `up` has written its port (host network: port 22 would collide with the host's sshd).
     "chroot \"$1\" systemctl disable ssh.service >/dev/null 2>&1",
-    # Nothing to fetch later, and a container needs no getty on a console it does not have.
-    "chroot \"$1\" systemctl mask console-getty.service getty@tty1.service >/dev/null 2>&1 || true",
+    # A container needs no getty on a console it does not have; the system's own timers (apt's downloads, dpkg's
+    # backup, e2scrub, fstrim) would change files while a check compares snapshots taken around a run.
+    "chroot \"$1\" systemctl mask console-getty.service getty@tty1.service apt-daily.timer apt-daily-upgrade.timer "
+    "dpkg-db-backup.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true",
 ]
 USER = "root"
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/10-inferops-container.conf"
@@ -79,7 +81,16 @@ def image_name() -> str:
 
 
 def ensure_image(log=sys.stderr) -> str:
-    return ee.debian_image(image_name(), PACKAGES, HOOKS, "the container scenario's systemd image", "/sbin/init", log)
+    name = image_name()
+    if ee.image_exists(name):
+        return name
+    ee.debian_image(name, PACKAGES, HOOKS, "the container scenario's systemd image", "/sbin/init", log)
+    # The images of earlier recipes are never used again: drop them (one that a container still runs stays).
+    listed = podman("images", "--format", "{{.Repository}}:{{.Tag}}", REPOSITORY, check=False).stdout.split()
+    for old in listed:
+        if old != name:
+            podman("rmi", old, check=False)
+    return name
 
 
 def container_name(scenario: str, project: str) -> str:

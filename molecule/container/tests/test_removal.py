@@ -1,0 +1,35 @@
+"""A removal leaves the container as create.yml found it: site.yml with the stand-in service's entry at
+``state: absent`` and ``numa_host_state: absent`` (the roles' removal, issue 43), compared with the snapshot of the
+fresh container.
+
+PENDING the removal: until the roles take ``state`` and ``numa_host_state``, the preflight refuses both keys ("no
+such key") and this check skips saying so; it goes live, unchanged, once they are merged.
+"""
+
+import json
+
+import pytest
+import yaml
+
+from conftest import CONVERGE_OWN, VARS_FILES, converge, differences, fresh_snapshot, site, snapshot
+
+PENDING = ("state: no such key", "numa_host_state: no such key")
+
+
+def test_a_removal_leaves_nothing_of_ours(request):
+    with open(VARS_FILES[0]) as handle:
+        entries = yaml.safe_load(handle)["inference_service_list"]
+    removal = {"inference_service_list": [dict(entry, state="absent") for entry in entries],
+               "numa_host_state": "absent"}
+    run = site("-e", json.dumps(removal))
+    if run.returncode != 0 and any(refusal in run.stdout for refusal in PENDING):
+        pytest.skip("pending the removal (issue 43): the preflight refuses state / numa_host_state as unknown keys")
+    # The deployment back, so the other checks hold in any order.
+    request.addfinalizer(converge)
+    assert run.returncode == 0, run.stdout[-3000:]
+    left = differences(fresh_snapshot(), snapshot(), ignore=CONVERGE_OWN)
+    assert left == [], "the removal left these changes since the fresh container:\n%s" % "\n".join(left)
+    # A second removal has nothing left to remove.
+    again = site("-e", json.dumps(removal))
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert " changed=0 " in again.stdout, again.stdout[-3000:]
