@@ -195,7 +195,8 @@ def skip(path):
 for root in roots:
     for top, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if not skip(os.path.join(top, d))]
-        for entry in [top] + [os.path.join(top, n) for n in names + [d for d in dirs if os.path.islink(os.path.join(top, d))]]:
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]
+        for entry in [top] + [os.path.join(top, n) for n in names + links]:
             if skip(entry) or entry in files:
                 continue
             try:

@@ -32,8 +32,8 @@ VARS_FILES = [os.path.join(SCENARIO_DIR, "vars", "services.yml"), os.path.join(S
 # What converge.yml itself puts in the container, which no role of ours is to remove.
 CONVERGE_OWN = ["/opt/inferops-container"]
 # What the metrics timer (numa_host_metrics) changes on its own every period while a check runs: whether it and its
-# service are running at that instant, and the textfile it rewrites. A before/after comparison around one run leaves them out;
-# the removal's comparison with the fresh container does not (all of it must be gone).
+# service are running at that instant, and the textfile it rewrites. A before/after comparison around one run leaves
+# them out; the removal's comparison with the fresh container does not (all of it must be gone).
 TIMER_OWN = ["inferops-numa-metrics.", "/var/lib/prometheus/node-exporter/"]
 PLAYBOOK_S = 180  # one site.yml run (converge took about 50 s)
 
