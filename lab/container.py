@@ -59,7 +59,10 @@ SSH_SECONDS = 30
 ROOTS = ["/etc", "/usr/local", "/opt", "/srv", "/var/lib", "/home", "/root", "/usr/lib/systemd/system"]
 SKIPPED = ["/var/lib/systemd/random-seed", "/var/lib/systemd/catalog", "/var/lib/systemd/deb-systemd-helper-masked",
            "/var/lib/apt/lists", "/var/lib/dpkg/lock", "/var/lib/private/systemd", "/root/.ansible", "/root/.cache",
-           "/etc/ld.so.cache"]
+           "/etc/ld.so.cache",
+           # shadow's backups of the previous version, rewritten by every useradd and userdel: after a user is added
+           # and removed they hold the version with it. The files themselves (/etc/passwd ...) are compared.
+           "/etc/passwd-", "/etc/group-", "/etc/shadow-", "/etc/gshadow-", "/etc/subuid-", "/etc/subgid-"]
 # Knobs read (never written here): a removal must leave them at the values they had.
 KNOBS = ["/proc/sys/kernel/numa_balancing", "/proc/sys/vm/zone_reclaim_mode"]
 # Units that come and go with logins (Ansible's SSH sessions), not with what the roles do.
