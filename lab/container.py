@@ -4,7 +4,8 @@ reached by Ansible over SSH on 127.0.0.1. Minutes where the QEMU lab (lab/labvm.
 
     lab/container.py image                      make (once per recipe) the image, print its name
     lab/container.py up --name N --dir D        start container N, sshd on a free port of 127.0.0.1, a key made
-                                                in D for this run; print {name, address, port, user, identity_file}
+                                                in D for this run; print {name, address, port, user, identity_file,
+                                                service_ports: free ports for the scenario's services}
     lab/container.py down --name N              remove container N (nothing when there is none)
     lab/container.py snapshot --name N          print what the container holds as JSON (snapshot())
     lab/container.py name SCENARIO PROJECT      print the container name of a scenario in a checkout
@@ -49,6 +50,7 @@ HOOKS = [
     "dpkg-db-backup.timer e2scrub_all.timer fstrim.timer >/dev/null 2>&1 || true",
 ]
 USER = "root"
+SERVICE_PORTS = 2
 SSHD_DROPIN = "/etc/ssh/sshd_config.d/10-inferops-container.conf"
 # Seconds to wait for systemd to finish booting, then for sshd to answer.
 BOOT_SECONDS = 60
@@ -182,7 +184,10 @@ def up(name: str, directory: Path, log=sys.stderr) -> Dict[str, object]:
         return True if done.returncode == 0 else done.stdout.strip()[-200:] or "exit %d" % done.returncode
     _wait("sshd in %s answering on 127.0.0.1:%d" % (name, port), SSH_SECONDS, answers)
     print("container: %s up in %.1f s, sshd on 127.0.0.1:%d" % (name, time.monotonic() - started, port), file=log)
-    return {"name": name, "address": "127.0.0.1", "port": port, "user": USER, "identity_file": str(key)}
+    # Ports for the scenario's services, free now: on the host's network two checkouts running the scenario at once
+    # would otherwise collide.
+    return {"name": name, "address": "127.0.0.1", "port": port, "user": USER, "identity_file": str(key),
+            "service_ports": [free_port() for _ in range(SERVICE_PORTS)]}
 
 
 # --- what the container holds -------------------------------------------------------------------------------

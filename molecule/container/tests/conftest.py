@@ -27,8 +27,10 @@ SCENARIO_DIR = os.environ.get("MOLECULE_SCENARIO_DIRECTORY",
                               os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = container.container_name(os.environ.get("MOLECULE_SCENARIO_NAME", "container"), PROJECT)
 FRESH = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "snapshot-fresh.json")
-# The variables converge.yml loads; the nested runs pass the same files.
-VARS_FILES = [os.path.join(SCENARIO_DIR, "vars", "services.yml"), os.path.join(SCENARIO_DIR, "vars", "host.yml")]
+# The variables converge.yml loads; the nested runs pass the same files. ports.yml: the free ports create.yml chose.
+PORTS_FILE = os.path.join(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", "/nonexistent"), "ports.yml")
+SERVICES_FILE = os.path.join(SCENARIO_DIR, "vars", "services.yml")
+VARS_FILES = [PORTS_FILE, SERVICES_FILE, os.path.join(SCENARIO_DIR, "vars", "host.yml")]
 # What converge.yml itself puts in the container, which no role of ours is to remove.
 CONVERGE_OWN = ["/opt/inferops-container"]
 # What the metrics timer (numa_host_metrics) changes on its own every period while a check runs: whether it and its
@@ -121,6 +123,13 @@ def recap_changed(output: str) -> int:
         if line.startswith("numa-container") and "changed=" in line:
             return int(line.split("changed=")[1].split()[0])
     pytest.fail("no play recap in the output:\n%s" % output[-3000:])
+
+
+def ports() -> list:
+    """The ports of the scenario's services: create.yml chose them free."""
+    import yaml
+    with open(PORTS_FILE) as handle:
+        return yaml.safe_load(handle)["container_ports"]
 
 
 @pytest.fixture

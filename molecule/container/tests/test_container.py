@@ -4,7 +4,7 @@ check-mode run and a refused run that change nothing, and the snapshot that show
 import json
 import urllib.request
 
-from conftest import CONVERGE_OWN, TIMER_OWN, differences, fresh_snapshot, recap_changed, site, snapshot
+from conftest import CONVERGE_OWN, TIMER_OWN, differences, fresh_snapshot, ports, recap_changed, site, snapshot
 
 UNIT = "standin@0.service"
 
@@ -39,8 +39,8 @@ def test_the_instance_is_pinned_as_its_plan_says(host, plan):
 def test_the_plan_record_is_present_and_says_what_was_asked(host, plan):
     record = host.file("/etc/inferops-numa/standin@0.plan.json")
     assert (record.user, record.group) == ("root", "root")
-    # vars/services.yml: node 0, CPU 1 reserved, port_base 18431; a node's memory is bound.
-    assert (plan["node"], plan["port"], plan["policy"], plan["mem_nodes"]) == (0, 18431, "bind", [0])
+    # vars/services.yml: node 0, CPU 1 reserved, the first of create.yml's ports; a node's memory is bound.
+    assert (plan["node"], plan["port"], plan["policy"], plan["mem_nodes"]) == (0, ports()[0], "bind", [0])
     assert 1 not in plan["cpus"] and plan["cpus"]
     assert host.file("/etc/inferops-numa/standin.audit.json").is_file
 
@@ -62,12 +62,12 @@ def test_a_check_mode_run_with_changed_services_changes_nothing():
         {"name": "standin", "layout": "single", "node": 0, "reserve_cpus": "0",
          "command": ["/usr/bin/python3", "/opt/inferops-container/standin_engine.py", "--port", "{port}", "--mode",
                      "ok"],
-         "port_base": 18431, "health_url": "http://127.0.0.1:{port}/health", "model_size": "32M",
+         "port_base": ports()[0], "health_url": "http://127.0.0.1:{port}/health", "model_size": "32M",
          "memory_headroom": "16M", "pages": "anon"},
         {"name": "standin-dry", "layout": "single", "node": 0,
          "command": ["/usr/bin/python3", "/opt/inferops-container/standin_engine.py", "--port", "{port}", "--mode",
                      "ok"],
-         "port_base": 18441, "model_size": "32M", "memory_headroom": "16M", "pages": "anon"}]}
+         "port_base": ports()[1], "model_size": "32M", "memory_headroom": "16M", "pages": "anon"}]}
     before = snapshot()
     run = site("--check", "--diff", "-e", json.dumps(services))
     after = snapshot()

@@ -11,7 +11,7 @@ import json
 import pytest
 import yaml
 
-from conftest import CONVERGE_OWN, VARS_FILES, converge, differences, fresh_snapshot, site, snapshot
+from conftest import CONVERGE_OWN, SERVICES_FILE, converge, differences, fresh_snapshot, ports, site, snapshot
 
 PENDING = ("state: no such key", "numa_host_state: no such key")
 # systemd's own, left by a removal done by hand (services stopped and disabled, files, user and group removed, daemon
@@ -21,9 +21,10 @@ SYSTEMD_OWN = ["system-standin.slice", "network-online.target"]
 
 
 def test_a_removal_leaves_nothing_of_ours(request):
-    with open(VARS_FILES[0]) as handle:
+    with open(SERVICES_FILE) as handle:
         entries = yaml.safe_load(handle)["inference_service_list"]
-    removal = {"inference_service_list": [dict(entry, state="absent") for entry in entries],
+    # Each entry as converge.yml deployed it (its port, create.yml's, in place of the template), marked absent.
+    removal = {"inference_service_list": [dict(entry, state="absent", port_base=ports()[0]) for entry in entries],
                "numa_host_state": "absent"}
     run = site("-e", json.dumps(removal))
     if run.returncode != 0 and any(refusal in run.stdout for refusal in PENDING):
