@@ -7,14 +7,15 @@ STAMP := $(VENV)/.installed
 COLLECTION_LINK := build/ansible_collections/inferops/numa
 # prometheus: promtool, which the tests check the metrics text and the alert rules with. python3-venv: the
 # venvs (Debian's python3 has no ensurepip without it; the matrix's oldest core runs on Debian's 3.11). podman,
-# runc: the execution environment's build and the lab's run inside it (lab/ee.py; crun refuses this cgroup layout).
+# runc: the execution environment's build and the lab's run inside it (lab/ee.py; crun refuses this cgroup layout), and
+# the container scenario (lab/container.py, reached by openssh-client).
 APT_PACKAGES := qemu-system-x86 qemu-utils mmdebstrap e2fsprogs hwloc numactl systemd openssh-client \
 	build-essential cmake curl util-linux prometheus python3-venv podman runc
 LAB_STAMP := $(VENV)/.lab-installed
 export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: venv lab-venv apt test unit mutants lint sanity molecule demo demo-down bench facts clean
+.PHONY: venv lab-venv apt test unit mutants lint sanity molecule molecule-container demo demo-down bench facts clean
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +55,11 @@ test:
 # One boot of the QEMU lab guest proves it all (image and llama-server built once, cached in ~/.cache/inferops-numa).
 molecule: apt lab-venv
 	$(BIN)/molecule test
+
+# The fast scenario: site.yml on a podman container booting systemd (lab/container.py), in minutes; one NUMA node
+# (the host's) and no kernel knobs, which the lab above covers.
+molecule-container: apt venv
+	$(BIN)/molecule test -s container
 
 # Each decision rule inverted or off by one, one at a time, in a copy of the tree: the fast tests must fail on it.
 mutants: venv

@@ -125,22 +125,28 @@ def image_exists(name: str) -> bool:
 
 def ensure_base(log=sys.stderr) -> str:
     """The Debian base image of the current recipe, made if podman does not have it."""
-    name = base_name()
+    return debian_image(base_name(), BASE_PACKAGES, BASE_HOOKS, "the EE's Debian %s base" % SUITE, "/bin/bash", log)
+
+
+def debian_image(name: str, packages: List[str], hooks: List[str], what: str, command: str, log=sys.stderr) -> str:
+    """The podman image ``name``, made if podman does not have it: a Debian minbase rootfs with ``packages``, each
+    of ``hooks`` run on it (mmdebstrap's customize hooks, "$1" the rootfs), imported with ``command`` as its CMD.
+    The EE's base and the container scenario's image (lab/container.py) are both made here."""
     if image_exists(name):
         return name
     if os.geteuid() != 0:
-        raise EEError("making the EE's base needs root (mmdebstrap --mode=root, rootful podman); rerun as root")
+        raise EEError("making %s needs root (mmdebstrap --mode=root, rootful podman); rerun as root" % what)
     WORK.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="base-", dir=str(WORK)) as tmp:
         tarball = Path(tmp) / "rootfs.tar"
         started = time.monotonic()
-        hooks = ["--customize-hook=" + hook for hook in BASE_HOOKS]
-        _run(["mmdebstrap", "--mode=root", "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
-              "--aptopt=Acquire::Languages \"none\""] + hooks + [SUITE, str(tarball), MIRROR],
-             "mmdebstrap (the EE's Debian %s base)" % SUITE, stdout=log, stderr=log)
-        _run(["podman", "import", "--change", "CMD [\"/bin/bash\"]", str(tarball), name], "podman import",
+        customize = ["--customize-hook=" + hook for hook in hooks]
+        _run(["mmdebstrap", "--mode=root", "--variant=minbase", "--include=" + ",".join(packages),
+              "--aptopt=Acquire::Languages \"none\""] + customize + [SUITE, str(tarball), MIRROR],
+             "mmdebstrap (%s)" % what, stdout=log, stderr=log)
+        _run(["podman", "import", "--change", "CMD [%s]" % json.dumps(command), str(tarball), name], "podman import",
              stdout=log, stderr=log)
-        print("ee: made the base %s in %.0f s" % (name, time.monotonic() - started), file=log)
+        print("ee: made %s, %s, in %.0f s" % (what, name, time.monotonic() - started), file=log)
     return name
 
 

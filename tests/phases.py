@@ -4,6 +4,7 @@
     apt ──┬── image ─────────────┐      (background: the lab guest's disk, cached by recipe)
           ├── llama-server ──────┤      (background: compiled once, cached by recipe)
           └── venv ──────────────┴── molecule            (foreground: the lab, the longest phase)
+                 ├── molecule-container                  (background, niced: the container scenario, minutes)
                  └── unit ── docs ── tooling ── integration ── lint ── sanity ── matrix
                                                  (background, niced, one after another: they fill the spare core)
 
@@ -109,6 +110,10 @@ def phases(seed: int = 0) -> List[Phase]:
         Phase("sanity", ["tests/sanity.sh"], ["venv"], background=True, after=["lint"], nice=CHECKS_NICENESS),
         Phase("matrix", [sys.executable, "tests/matrix.py"], ["venv"], background=True, after=["sanity"],
               nice=CHECKS_NICENESS),
+        # The fast container scenario (lab/container.py: its image made in the phase, cached by recipe), beside the
+        # lab: minutes of niced work (the container's processes inherit the niceness) on the spare core.
+        Phase("molecule-container", [str(VENV_BIN / "molecule"), "test", "-s", "container"], ["venv"],
+              background=True, nice=CHECKS_NICENESS),
         Phase("molecule", [str(VENV_BIN / "molecule"), "test"], ["venv", "image", "llama-server"]),
     ]
 

@@ -240,3 +240,12 @@ def test_each_lab_check_is_measured_against_its_own_budget():
     rows = lab.budget_rows({slow: lab.CHECK_BUDGETS[slow] * 0.5, "test_quick": lab.CHECK_S * 1.5}, 2.0)
     assert [(round(ratio, 2), name) for ratio, _took, _allowed, name in rows] == [(0.75, "test_quick"), (0.25, slow)]
     assert rows[0][2] == lab.CHECK_S * 2.0
+
+
+def test_the_container_scenario_runs_beside_the_lab_niced_once_the_venv_is_there():
+    plan = {phase.name: phase for phase in phases.phases()}
+    container = plan["molecule-container"]
+    assert container.background and container.needs == ["venv"] and container.argv[:3] == ["nice", "-n", "10"]
+    assert container.argv[-3:] == ["test", "-s", "container"]
+    # The lab's phase runs only the default scenario, not this one a second time.
+    assert plan["molecule"].argv[-1] == "test"
