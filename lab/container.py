@@ -65,6 +65,11 @@ SKIPPED = ["/var/lib/systemd/random-seed", "/var/lib/systemd/catalog", "/var/lib
            # shadow's backups of the previous version, rewritten by every useradd and userdel: after a user is added
            # and removed they hold the version with it. The files themselves (/etc/passwd ...) are compared.
            "/etc/passwd-", "/etc/group-", "/etc/shadow-", "/etc/gshadow-", "/etc/subuid-", "/etc/subgid-"]
+# The kernel knobs the roles set, each stood in for by a file of the container's (stand_in_knobs), at the value a
+# kernel with two or more nodes boots with: numa_host (balancing auto: disabled on this one-node host) changes it, and
+# numa_host_state absent must put it back.
+STAND_IN_KNOBS = {"/proc/sys/kernel/numa_balancing": "1"}
+STAND_IN_DIR = "/run/inferops-lab-knobs"
 # Knobs read (never written here): a removal must leave them at the values they had.
 KNOBS = ["/proc/sys/kernel/numa_balancing", "/proc/sys/vm/zone_reclaim_mode"]
 # Units that come and go with logins (Ansible's SSH sessions), not with what the roles do.
@@ -169,6 +174,7 @@ def up(name: str, directory: Path, log=sys.stderr) -> Dict[str, object]:
         # degraded: a unit of the base system that cannot run in a container; the roles' units are checked apart.
         return True if state in ("running", "degraded") else state or "no answer"
     _wait("systemd booting in %s" % name, BOOT_SECONDS, booted)
+    stand_in_knobs(name)
     public = Path(str(key) + ".pub").read_text()
     setup = ("set -e; umask 077; mkdir -p /root/.ssh; printf '%%s' \"$1\" > /root/.ssh/authorized_keys; "
              "printf 'Port %d\\nListenAddress 127.0.0.1\\nPasswordAuthentication no\\n' > %s; "
@@ -188,6 +194,18 @@ def up(name: str, directory: Path, log=sys.stderr) -> Dict[str, object]:
     # would otherwise collide.
     return {"name": name, "address": "127.0.0.1", "port": port, "user": USER, "identity_file": str(key),
             "service_ports": [free_port() for _ in range(SERVICE_PORTS)]}
+
+
+def stand_in_knobs(name: str) -> None:
+    """A file of the container's own mounted over each knob of STAND_IN_KNOBS, holding the value a NUMA machine's
+    kernel boots with: the container shares the host's kernel, whose /proc/sys podman mounts read-only, so the roles
+    set, and a removal puts back, the stand-in, never the host's knob (the QEMU lab sets the kernel's own). The mount
+    is made in the container's mount namespace, by an exec with the capabilities the container itself lacks."""
+    script = ["set -e; mkdir -p %s" % STAND_IN_DIR]
+    for knob, value in STAND_IN_KNOBS.items():
+        stand_in = "%s/%s" % (STAND_IN_DIR, os.path.basename(knob))
+        script.append("printf '%%s\\n' %s > %s; mount --bind %s %s" % (value, stand_in, stand_in, knob))
+    podman("exec", "--privileged", name, "sh", "-c", "; ".join(script), timeout=30)
 
 
 # --- what the container holds -------------------------------------------------------------------------------

@@ -55,6 +55,16 @@ def test_the_snapshot_sees_what_the_deployment_added():
     assert not any(line.startswith("+ files /opt/inferops-container") for line in added)
 
 
+def test_balancing_is_set_and_persisted_and_its_original_recorded(host):
+    # lab/container.py's stand-in for the kernel's knob booted at 1; auto is disabled on this one-node host.
+    assert host.file("/proc/sys/kernel/numa_balancing").content_string.strip() == "0"
+    assert host.file("/etc/sysctl.d/60-inferops-numa.conf").content_string.count("kernel.numa_balancing = 0") == 1
+    original = json.loads(host.file("/var/lib/inferops-numa/originals/numa_balancing.json").content_string)
+    assert "1" in json.dumps(original), original  # what numa_host_state absent puts back
+    added = differences(fresh_snapshot(), snapshot(), ignore=CONVERGE_OWN)
+    assert "~ knobs /proc/sys/kernel/numa_balancing: 1 -> 0" in added, "\n".join(added)
+
+
 def test_a_check_mode_run_with_changed_services_changes_nothing():
     # Changes a run would make (another CPU reserved: a new plan and a restart; a second service: a user, a unit, a
     # start), so the dry run has something to not do.
