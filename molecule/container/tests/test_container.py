@@ -4,7 +4,10 @@ check-mode run and a refused run that change nothing, and the snapshot that show
 import json
 import urllib.request
 
-from conftest import CONVERGE_OWN, TIMER_OWN, differences, fresh_snapshot, ports, recap_changed, site, snapshot
+import yaml
+
+from conftest import (CONVERGE_OWN, SERVICES_FILE, TIMER_OWN, converge, differences, fresh_snapshot, ports, recap_changed,
+                      site, snapshot)
 
 UNIT = "standin@0.service"
 
@@ -98,3 +101,24 @@ def test_a_refused_run_says_why_in_one_line_and_changes_nothing():
     # Stopped in the preflight play, before the play that changes hosts started.
     assert "PLAY [Prepare each NUMA host" not in run.stdout, run.stdout[-3000:]
     assert differences(before, after, ignore=TIMER_OWN) == []
+
+
+def _hook_lines(host) -> list:
+    log = host.file("/opt/inferops-container/hooks.log")
+    return log.content_string.splitlines() if log.exists else []
+
+
+def test_a_restart_is_drained_before_the_old_process_stops_and_undrained_after_the_new_one_passed(host, request):
+    with open(SERVICES_FILE) as handle:
+        entries = yaml.safe_load(handle)["inference_service_list"]
+    old_pid = host.service(UNIT).systemd_properties["MainPID"]
+    before = _hook_lines(host)
+    # A changed environment changes the unit: one restart of the instance, behind its gates.
+    changed = {"inference_service_list": [dict(entry, port_base=ports()[0], environment={"INFEROPS_HOOK_CHECK": "1"})
+                                          for entry in entries]}
+    run = site("-e", json.dumps(changed))
+    request.addfinalizer(converge)  # the deployment as converge made it, for the checks after this one
+    assert run.returncode == 0, run.stdout[-3000:]
+    new_pid = host.service(UNIT).systemd_properties["MainPID"]
+    assert new_pid != old_pid, "the instance was not restarted"
+    assert _hook_lines(host)[len(before):] == ["drain %s %s" % (UNIT, old_pid), "undrain %s %s" % (UNIT, new_pid)]
