@@ -65,13 +65,16 @@ def deployed_services(record_dir: str) -> List[str]:
     return sorted({service for service in map(record_service, names) if service is not None})
 
 
-def orphan_warnings(record_dir: str, keep: Sequence[str], remove: Sequence[str]) -> List[str]:
-    """One line for each service deployed here that is neither kept nor being removed: a service taken out of the
-    inventory is not left running half-managed without a word."""
-    return ["%s is deployed on this host (its records are in %s) but is not in inference_service_list: add it to "
-            "inference_service_remove to take it back (stopped, its units, records and the accounts the role made "
-            "removed), or list it again" % (service, record_dir)
-            for service in deployed_services(record_dir) if service not in keep and service not in remove]
+def orphans(record_dir: str, keep: Sequence[str], remove: Sequence[str]) -> List[str]:
+    """The services deployed here (their records are in the plan directory) that are neither kept nor being
+    removed: a service taken out of the inventory is not left running half-managed without a word."""
+    return [service for service in deployed_services(record_dir) if service not in keep and service not in remove]
+
+
+def orphan_warning(service: str, record_dir: str) -> str:
+    return ("%s is deployed on this host (its records are in %s) but is not in inference_service_list: add it to "
+            "inference_service_remove to take it back (its instances stopped, its units and records and the "
+            "accounts the role made removed), or list it again" % (service, record_dir))
 
 
 def record_created(record_dir: str, service: str, made: Mapping[str, Optional[str]], root: str, check: bool) -> bool:
