@@ -167,3 +167,17 @@ def test_which_service_a_record_belongs_to():
     assert records.created_problem({"user": "llm", "group": "llm", "state_directory": "/var/lib/llm"}) == ""
     assert "not /var/lib/<service>" in records.created_problem({"state_directory": "/etc"})
     assert "unknown key" in records.created_problem({"home": "/"})
+
+
+def test_an_account_another_of_our_services_runs_as_is_handed_to_it_not_removed(host_dirs):
+    deployed(host_dirs, others=["big"])
+    assert change_files.write_files({os.path.join(host_dirs.unit_dir, "big@.service"):
+                                     "[Service]\nUser=daemon\nGroup=daemon\n"}) == []
+    removal.record_created(host_dirs.record_dir, "llm", {"user": "daemon", "group": "daemon"}, host_dirs.root, False)
+    host = Host()
+    result = removal.remove_services(["llm"], host_dirs, host.host(), check=False)
+    assert not result["failed"], result
+    assert [call for call in host.calls if call[0] in ACCOUNT_COMMANDS] == []
+    assert "handed user daemon to big, which runs as it" in result["removed"]["llm"]
+    assert change_files.read_record(host_dirs.record_dir, records.created_record_name("big"), "") == {
+        "user": "daemon", "group": "daemon"}

@@ -25,7 +25,7 @@ import pwd
 import stat
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
-from .change_files import read_record, write_record
+from .change_files import read_found, read_record, write_record
 from .rollout import Host
 from ..base.errors import NumaError
 from ..decide.records import (AB_GATES, CREATED_SUFFIX, created_problem, created_record_name, plan_record_parts,
@@ -157,25 +157,53 @@ def _remove(service: str, options: Options, host: Host, check: bool) -> Removal:
     _step(removal, check, "removed its verdicts from %s" % AB_GATES, lambda: _forget_verdicts(options, service),
           _has_verdicts(options.record_dir, service))
     if created:
-        _remove_made(removal, created, options, host, check)
+        _remove_made(removal, service, created, options, host, check)
         if not removal.problems:
             _step(removal, check, "removed %s from %s" % (last, options.record_dir),
                   lambda: _remove_names(options.record_dir, [last]))
     return removal
 
 
-def _remove_made(removal: Removal, created: Mapping[str, Optional[str]], options: Options, host: Host,
-                 check: bool) -> None:
-    """The state directory, the user and the group the role made, each only while it is there."""
+def _remove_made(removal: Removal, service: str, created: Mapping[str, Optional[str]], options: Options,
+                 host: Host, check: bool) -> None:
+    """The state directory, the user and the group the role made, each only while it is there. An account another
+    of our services still runs as is handed to that service's created record instead: it goes with the last one."""
     user, group, directory = created.get("user"), created.get("group"), created.get("state_directory")
     if directory and root_files.lstat_under(options.root, directory) is not None:
         _step(removal, check, "removed %s" % directory, lambda: _remove_state_directory(options.root, directory, user))
+    accounts = {"user": user, "group": group}
+    for key, name in sorted(accounts.items()):
+        other = _runs_as(options, service, key, name) if name else None
+        if other:
+            accounts[key] = None
+            _step(removal, check, "handed %s %s to %s, which runs as it" % (key, name, other),
+                  lambda other=other, key=key, name=name: _hand_over(options, other, key, name, check))
+    user, group = accounts["user"], accounts["group"]
     if user and _exists(pwd.getpwnam, user):
         _step(removal, check, "removed user %s" % user, lambda: _command(host, ["userdel", "--", user]))
     # userdel removes a user's own group with it on most systems: only one still there is removed.
     if group and _exists(grp.getgrnam, group):
         _step(removal, check, "removed group %s" % group,
               lambda: _command(host, ["groupdel", "--", group]) if _exists(grp.getgrnam, group) else None)
+
+
+def _runs_as(options: Options, service: str, key: str, name: str) -> Optional[str]:
+    """Another service deployed here whose unit template runs as ``name`` (``key``: user or group), or None."""
+    setting = "%s=%s" % (key.capitalize(), name)
+    for other in deployed_services(options.record_dir):
+        template = os.path.join(options.unit_dir, "%s@.service" % other)
+        text = read_found([template])[template].text if other != service else None
+        if text and setting in text.splitlines():
+            return other
+    return None
+
+
+def _hand_over(options: Options, other: str, key: str, name: str, check: bool) -> Optional[str]:
+    try:
+        record_created(options.record_dir, other, {key: name}, options.root, check)
+    except NumaError as exc:
+        return str(exc)
+    return None
 
 
 def _step(removal: Removal, check: bool, said: str, act: Any, due: bool = True) -> None:
@@ -319,6 +347,8 @@ def _remove_state_directory(root: str, path: str, user: Optional[str]) -> Option
     except OSError as exc:
         return "cannot remove %s: %s" % (getattr(exc, "filename", None) or root_files.host_path(root, path),
                                          exc.strerror or exc)
+    except RecursionError:  # a tree its user made deeper than Python recurses
+        return "cannot remove %s: nested too deep; remove it by hand" % root_files.host_path(root, path)
     finally:
         os.close(fd)
     return None
