@@ -16,7 +16,8 @@ description:
     directories once empty), every record of it in O(record_dir) and its A/B verdicts - then what the
     inference_service role made for it and recorded in O(record_dir)/C(<name>.created.json) when it made it (the
     state directory with the page-cache replicas in it, the user, the group), then that record; systemd reloads once.
-    An account or directory the role found on the host is in no record, and is never removed.
+    An account or directory the role found on the host is in no record, and is never removed; an account another
+    of its services still runs as (its unit template's C(User=), C(Group=)) is handed to that service's record.
   - With O(created), records instead what the role has just made for one service, merged into its created record.
   - Warns, one line each, about every service O(record_dir) holds records of that is in neither O(keep) nor
     O(remove), naming the variable that takes it back.

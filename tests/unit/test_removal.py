@@ -144,9 +144,21 @@ def test_a_drop_in_directory_with_someone_elses_files_is_kept_with_them(host_dir
     other = os.path.join(host_dirs.unit_dir, "llm@0.service.d", "10-operator.conf")
     with open(other, "w") as handle:
         handle.write("[Service]\n")
-    result = removal.remove_services(["llm"], host_dirs, Host().host(), check=False)
-    assert result["failed"] and "files of someone else are there" in result["msg"]
-    assert os.listdir(os.path.dirname(other)) == ["10-operator.conf"]
+    host = Host()
+    result = removal.remove_services(["llm"], host_dirs, host.host(), check=False)
+    assert not result["failed"] and os.listdir(os.path.dirname(other)) == ["10-operator.conf"]
+    again = removal.remove_services(["llm"], host_dirs, host.host(), check=False)
+    assert not again["changed"] and again["removed"] == {}, again
+
+
+def test_a_planted_link_for_a_drop_in_directory_is_refused_and_nothing_done(host_dirs):
+    deployed(host_dirs, count=1)
+    os.symlink("/etc", os.path.join(host_dirs.unit_dir, "llm@1.service.d"))
+    before = listing(host_dirs)
+    host = Host()
+    result = removal.remove_services(["llm"], host_dirs, host.host(), check=False)
+    assert result["failed"] and "llm left as it is: refusing the directory" in result["msg"], result
+    assert listing(host_dirs) == before and host.actions() == []
 
 
 def test_the_services_deployed_but_not_listed_are_the_orphans(host_dirs):

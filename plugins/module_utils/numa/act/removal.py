@@ -19,6 +19,7 @@ unit no longer recorded once it is empty, so removing the plan records is what t
 
 from __future__ import annotations
 
+import errno
 import grp
 import os
 import pwd
@@ -127,11 +128,13 @@ def _remove(service: str, options: Options, host: Host, check: bool) -> Removal:
         created = _created(options.record_dir, service)
         records = _directory_names(options.record_dir)
         units = _directory_names(options.unit_dir)
+        # A drop-in directory of an instance with our drop-in, or empty; one holding only someone else's is theirs.
+        drop_ins = [name for name in units if _drop_in_instance(name, service) is not None
+                    and _holds_ours(os.path.join(options.unit_dir, name))]
     except NumaError as exc:
         removal.problems.append("%s left as it is: %s" % (service, exc))
         return removal
     own_records = service_record_names(service, records)
-    drop_ins = [name for name in units if _drop_in_instance(name, service) is not None]
     instances = sorted({index for index in [_record_instance(name, service) for name in own_records]
                         + [_drop_in_instance(name, service) for name in drop_ins] if index is not None})
     for index in instances:
@@ -255,6 +258,11 @@ def _directory_names(path: str) -> List[str]:
         os.close(fd)
 
 
+def _holds_ours(directory: str) -> bool:
+    names = _directory_names(directory)
+    return not names or PLACEMENT_DROP_IN in names
+
+
 def _record_instance(name: str, service: str) -> Optional[int]:
     parts = plan_record_parts(name)
     return int(parts[1]) if parts and parts[0] == service and not name.endswith(CREATED_SUFFIX) else None
@@ -291,18 +299,17 @@ def _remove_names(directory: str, names: Sequence[str]) -> Optional[str]:
 
 def _remove_drop_in(unit_dir: str, name: str) -> Optional[str]:
     """Our placement drop-in removed from the instance's drop-in directory, and the directory once empty: one that
-    holds someone else's drop-ins too is theirs to keep."""
+    holds someone else's drop-ins too is theirs to keep, with them."""
     directory = os.path.join(unit_dir, name)
     problem = _remove_names(directory, [PLACEMENT_DROP_IN])
     if problem:
         return problem
     try:
         root_files.remove_directory_under("/", directory)
-    except FileNotFoundError:
-        pass
     except OSError as exc:
-        return "%s kept: %s (files of someone else are there)" % (directory, exc.strerror or exc)
-    return None
+        if exc.errno not in (errno.ENOENT, errno.ENOTEMPTY):
+            return "%s not removed: %s" % (directory, exc.strerror or exc)
+    return None  # gone, or kept with someone else's drop-ins
 
 
 def _has_verdicts(record_dir: str, service: str) -> bool:
