@@ -128,6 +128,8 @@ def test_an_untrusted_created_record_is_not_acted_on(host_dirs):
     result = removal.remove_services(["llm"], host_dirs, host.host(), check=False)
     assert result["failed"] and "llm left as it is: ignoring %s" % name in result["msg"]
     assert listing(host_dirs) == before and host.actions() == []
+    with pytest.raises(NumaError, match="ignoring %s" % name):  # nor written over
+        removal.record_created(host_dirs.record_dir, "llm", {"user": "llm"}, host_dirs.root, False)
 
 
 def test_an_instance_that_does_not_stop_keeps_its_files(host_dirs):

@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 from .change_files import read_found, read_record, write_record
 from .rollout import Host
 from ..base.errors import NumaError
-from ..decide.records import (AB_GATES, CREATED_SUFFIX, created_problem, created_record_name, plan_record_parts,
-                              record_service, service_record_names)
+from ..decide.records import (AB_GATES, created_problem, created_record_name, plan_record_parts, record_service,
+                              service_record_names)
 from ..decide.rollout import PLACEMENT_DROP_IN, record_text
 from ..system import root_files, safe_fs, trusted_files
 
@@ -84,10 +84,11 @@ def record_created(record_dir: str, service: str, made: Mapping[str, Optional[st
     there yet: systemd makes it at the service's first start, for the role. NumaError for a record that cannot be
     trusted (it is not written over)."""
     name = created_record_name(service)
-    earlier = read_record(record_dir, name, FIX_CREATED) or {}
-    problem = created_problem(earlier) or created_problem(made)
+    earlier = _created(record_dir, service)
+    problem = created_problem(made)
     if problem:
-        raise NumaError("refusing %s: %s; %s" % (os.path.join(record_dir, name), problem, FIX_CREATED))
+        raise NumaError("refusing to record in %s: %s; give what the role made" % (
+            os.path.join(record_dir, name), problem))
     merged = dict(earlier)
     for key in ("user", "group"):
         if made.get(key):
@@ -265,7 +266,7 @@ def _holds_ours(directory: str) -> bool:
 
 def _record_instance(name: str, service: str) -> Optional[int]:
     parts = plan_record_parts(name)
-    return int(parts[1]) if parts and parts[0] == service and not name.endswith(CREATED_SUFFIX) else None
+    return int(parts[1]) if parts and parts[0] == service else None
 
 
 def _drop_in_instance(name: str, service: str) -> Optional[int]:
