@@ -264,9 +264,11 @@ def _check_entry(entry: Mapping[str, Any], spec: Mapping[str, Any]) -> Tuple[Dic
     checked = {}  # type: Dict[str, Any]
     problems = []  # type: List[str]
     bad = set()
+    # A service to take back needs its name alone; one to deploy, its command too.
+    required = ("name",) if entry.get("state") == ABSENT else ("name", "command")
     for key, option in spec.items():
         if key not in entry or entry[key] is None:
-            if option.get("required"):
+            if key in required:
                 problems.append("%s: missing; %s" % (key, option.get("description", "required")
                                                      if isinstance(option.get("description"), str) else "give it"))
                 bad.add(key)
@@ -393,6 +395,8 @@ def port_problems(words: Any) -> List[str]:
         return [printable(str(exc))]
     return []
 
+
+ABSENT = "absent"
 
 # Facts the roles' tasks set under their prefix (inference_service/tasks/main.yml).
 ROLE_FACTS = ("inference_service_entries",)

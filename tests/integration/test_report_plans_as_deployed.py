@@ -16,15 +16,17 @@ COMPARED = ("policy", "mem_nodes", "cpulist", "threads", "gpus", "port")
 ROLE_TASKS = os.path.join(REPO, "roles", "inference_service", "tasks", "main.yml")
 
 
-def _role_merge_task():
-    """The role's own task that merges each service's defaults (tasks/main.yml)."""
+def _role_merge_tasks():
+    """The role's own tasks that merge each service's defaults and keep those to deploy (tasks/main.yml)."""
+    names = ("Merge the defaults of every service", "Note the services to deploy and those to take back")
     with open(ROLE_TASKS) as handle:
-        (task,) = [task for task in yaml.safe_load(handle) if task["name"] == "Merge the defaults of every service"]
-    return task
+        tasks = [task for task in yaml.safe_load(handle) if task["name"] in names]
+    assert [task["name"] for task in tasks] == list(names)
+    return tasks
 
 
 TASKS = [
-    _role_merge_task(),
+    *_role_merge_tasks(),
     {"name": "Plan every service with the role's own tasks", "ansible.builtin.include_tasks": "service.yml",
      "loop": "{{ inference_service_entries }}", "loop_control": {"loop_var": "_inference_service_cfg"}},
     {"name": "Plan them as fleet_report.yml does", "ansible.builtin.include_tasks": "fleet_report_tasks.yml"},
@@ -52,7 +54,9 @@ def test_the_fleet_report_plans_each_service_as_the_role_deploys_it_with_the_inv
     root = sysfs.dual_socket_gpus().write(str(tmp_path / "root"))
     (tmp_path / "plans").mkdir()
     variables = {"root": root, "numa_root": root, "inference_service_plan_dir": str(tmp_path / "plans"),
-                 "inference_service_defaults": DEFAULTS, "inference_service_list": SERVICES}
+                 "inference_service_defaults": DEFAULTS, "inference_service_remove": [],
+                 # a service being taken back is planned by neither
+                 "inference_service_list": SERVICES + [{"name": "gone", "state": "absent"}]}
     written, _ = run_playbook(tmp_path, TASKS, {"service.yml": planning_tasks("deployed"),
                                                 "fleet_report_tasks.yml": _fleet_report_host_tasks()}, variables)
     deployed = [(outcome["service"], index, [plan[key] for key in COMPARED])

@@ -111,6 +111,15 @@ def test_a_bad_layout_a_missing_command_and_a_repeated_name_are_each_one_line():
     assert len(problems) == 3
 
 
+def test_a_service_to_take_back_needs_its_name_alone():
+    entries, problems = preflight.check_entries([{"name": "old", "state": "absent"}], {})
+    assert problems == [] and entries[0]["state"] == "absent" and entries[0]["command"] is None
+    assert preflight.check_entries([{"name": "old", "state": "gone"}], {})[1][0].startswith(
+        "service old: state: 'gone' is not one of its choices")
+    assert preflight.check_entries([{"state": "absent"}], {})[1][0].startswith(
+        "inference_service_list[0]: name: missing")
+
+
 def test_an_out_of_range_port_and_a_non_list_are_refused():
     assert preflight.check_entries([dict(SERVICE, port_base=70000)], {})[1] == [
         "service llama: port_base: 70000 is out of range; give a value from 1 to 65535"]

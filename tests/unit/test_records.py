@@ -13,7 +13,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import r
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(REPO, "roles", "inference_service")
 # What the role once spelled by hand; decide/records holds each of them now.
-SUFFIXES = re.compile(r"\.plan\.json|\.audit\.json|\.rejected|\.previous|rollout\.pending|ab-gates")
+SUFFIXES = re.compile(r"\.plan\.json|\.audit\.json|\.rejected|\.created|\.previous|rollout\.pending|ab-gates")
 
 
 def test_each_record_is_named_as_the_readers_and_writers_name_it():

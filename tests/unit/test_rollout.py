@@ -234,6 +234,19 @@ def test_a_failed_first_deployment_is_stopped_and_its_files_removed(tree):
     assert _text(tree.template) is None and _text(tree.record(0)) is None and tree.pending() is None
 
 
+def test_a_failed_first_deployment_leaves_not_even_the_drop_in_directories_it_made(tree):
+    os.makedirs(os.path.dirname(tree.drop_in(1)))
+    with open(os.path.join(os.path.dirname(tree.drop_in(1)), "10-operator.conf"), "w") as handle:
+        handle.write("[Service]\n")  # an operator's drop-in directory: there before, so kept
+    before = sorted(os.listdir(tree.dir))
+    systemd = FakeSystemd(template=tree.template)
+    result = rollout.deploy([tree.deployment(template=BROKEN, drop_ins=["x\n", "y\n"])], tree.options(),
+                            systemd.host())
+    assert result["failed"] and tree.pending() is None
+    assert sorted(os.listdir(tree.dir)) == before
+    assert os.listdir(os.path.dirname(tree.drop_in(1))) == ["10-operator.conf"]
+
+
 def test_a_crash_loop_fails_the_instance_at_the_first_look_with_its_journal(tree):
     tree.lay(plans=["{}\n"])
     systemd = FakeSystemd(active=["a@0.service"])

@@ -28,7 +28,7 @@ from ..system import root_files, safe_fs, trusted_files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set
 
 FILE_MODE = 0o644
 # The pending record holds the previous text of every file a change writes: root's alone to read.
@@ -127,48 +127,76 @@ def _by_directory(paths: Iterable[str]) -> Dict[str, List[str]]:
     return grouped
 
 
+def missing_directories(texts: Mapping[str, Optional[str]]) -> List[str]:
+    """The directories writing ``texts`` makes (a file's directory and those above it not there yet), deepest
+    first: a rollback removes them again, so a first deployment taken back leaves no empty drop-in directory."""
+    missing = set()  # type: Set[str]
+    for path, text in texts.items():
+        directory = os.path.dirname(path)
+        while text is not None and directory != "/" and root_files.lstat_under("/", directory) is None:
+            missing.add(directory)
+            directory = os.path.dirname(directory)
+    return sorted(missing, key=lambda directory: (-directory.count("/"), directory))
+
+
+def remove_made_directories(directories: Sequence[str]) -> None:
+    """Each of ``directories`` removed while empty, deepest first, its parent reached without following a link; one
+    that holds anything (someone else's file) or is gone already is left as it is."""
+    for directory in directories:
+        try:
+            root_files.remove_directory_under("/", directory)
+        except OSError:
+            pass
+
+
 class Pending:
     """The record of a change not judged yet: the files' previous texts, the instances it may touch (unit ->
-    whether it ran before), those it touched so far, and the first deployments among them."""
+    whether it ran before), those it touched so far, the first deployments among them, and the directories the
+    change made."""
 
     def __init__(self, files: Mapping[str, Optional[str]], units: Mapping[str, bool],
-                 touched: Sequence[str] = (), first: Sequence[str] = ()) -> None:
+                 touched: Sequence[str] = (), first: Sequence[str] = (), made: Sequence[str] = ()) -> None:
         self.files = dict(files)
         self.units = dict(units)
         self.touched = list(touched)
         self.first = list(first)
+        self.made = list(made)
 
     def to_json(self) -> str:
         return json.dumps({"written_at": int(time.time()), "files": self.files, "units": self.units,
-                           "touched": self.touched, "first": self.first}, indent=1, sort_keys=True) + "\n"
+                           "touched": self.touched, "first": self.first, "made": self.made},
+                          indent=1, sort_keys=True) + "\n"
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any], path: str) -> "Pending":
         files, units = value.get("files"), value.get("units")
         touched, first = value.get("touched"), value.get("first")
+        made = value.get("made", [])  # a record of an earlier version has none
         if not (isinstance(files, dict) and all(isinstance(key, str) and os.path.isabs(key) and
                                                 (text is None or isinstance(text, str)) for key, text in files.items())
                 and isinstance(units, dict) and all(isinstance(key, str) and isinstance(ran, bool)
                                                     for key, ran in units.items())
                 and isinstance(touched, list) and all(unit in units for unit in touched)
-                and isinstance(first, list) and all(unit in units for unit in first)):
+                and isinstance(first, list) and all(unit in units for unit in first)
+                and isinstance(made, list) and all(isinstance(directory, str) and os.path.isabs(directory)
+                                                   and ".." not in directory.split("/") for directory in made)):
             raise NumaError("refusing %s: it is not the record of a change this collection writes; %s"
                             % (path, FIX_PENDING))
-        return cls(files, units, touched, first)
+        return cls(files, units, touched, first, made)
 
 
 def read_pending(record_dir: str) -> Optional[Pending]:
     """The record of an earlier change nobody judged, or None. NumaError for one root cannot trust."""
-    value = _read_record(record_dir, PENDING, FIX_PENDING)
+    value = read_record(record_dir, PENDING, FIX_PENDING)
     return None if value is None else Pending.from_json(value, os.path.join(record_dir, PENDING))
 
 
 def write_pending(record_dir: str, pending: Pending) -> None:
-    _write_record(record_dir, PENDING, pending.to_json(), PENDING_MODE)
+    write_record(record_dir, PENDING, pending.to_json(), PENDING_MODE)
 
 
 def remove_pending(record_dir: str) -> None:
-    _write_record(record_dir, PENDING, None)
+    write_record(record_dir, PENDING, None)
 
 
 def read_undrain(record_dir: str) -> List[str]:
@@ -191,7 +219,7 @@ def write_undrain(record_dir: str, units: Sequence[str]) -> None:
 def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[str, Optional[str]]:
     """path -> digest of the change ``service``'s A/B gate rolled back last; empty when none (or one that cannot
     be trusted, said in ``warnings``: the change is then measured again rather than held)."""
-    value = _read_record(record_dir, rejected_record_name(service), "the change is measured again", warnings)
+    value = read_record(record_dir, rejected_record_name(service), "the change is measured again", warnings)
     files = value.get("files") if value else None
     if value and not (isinstance(files, dict) and all(isinstance(key, str) and (digest is None or isinstance(
             digest, str)) for key, digest in files.items())):
@@ -204,19 +232,19 @@ def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[st
 def write_rejected(record_dir: str, service: str, files: Mapping[str, Optional[str]],
                    verdicts: Mapping[str, Any]) -> None:
     text = json.dumps({"files": files, "verdicts": verdicts}, indent=1, sort_keys=True) + "\n"
-    _write_record(record_dir, rejected_record_name(service), text)
+    write_record(record_dir, rejected_record_name(service), text)
 
 
 def merge_verdicts(record_dir: str, verdicts: Mapping[str, Any], warnings: List[str]) -> None:
     """ab-gates.json with this run's verdicts over the earlier ones (other services' verdicts are kept)."""
     if not verdicts:
         return
-    earlier = _read_record(record_dir, AB_GATES, "it is written anew", warnings) or {}
+    earlier = read_record(record_dir, AB_GATES, "it is written anew", warnings) or {}
     merged = dict(earlier, **verdicts)
-    _write_record(record_dir, AB_GATES, json.dumps(merged, indent=4, sort_keys=True) + "\n")
+    write_record(record_dir, AB_GATES, json.dumps(merged, indent=4, sort_keys=True) + "\n")
 
 
-def _read_record(record_dir: str, name: str, fix: str,
+def read_record(record_dir: str, name: str, fix: str,
                  warnings: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     """The JSON object of record ``name`` in the plan directory, or None when there is none. One root cannot
     trust (trusted_files.read_plan_record) is a NumaError ending with ``fix``; with ``warnings``, it is said there
@@ -230,7 +258,7 @@ def _read_record(record_dir: str, name: str, fix: str,
         return None
 
 
-def _write_record(record_dir: str, name: str, text: Optional[str], mode: int = FILE_MODE) -> None:
+def write_record(record_dir: str, name: str, text: Optional[str], mode: int = FILE_MODE) -> None:
     try:
         fd = trusted_files.open_checked_directory(record_dir, trusted_files.PLAN_DIRECTORY, safe_fs.DEPLOYED,
                                                   create=text is not None)

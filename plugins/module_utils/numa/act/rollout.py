@@ -42,8 +42,9 @@ from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Seq
 
 from ..measure import engine_http
 from ..measure.ab_gate import Gate, judge, measure
-from .change_files import (Pending, merge_verdicts, read_found, read_pending, read_rejected, read_undrain,
-                           remove_pending, write_files, write_pending, write_rejected, write_undrain)
+from .change_files import (Pending, merge_verdicts, missing_directories, read_found, read_pending, read_rejected,
+                           read_undrain, remove_made_directories, remove_pending, write_files, write_pending,
+                           write_rejected, write_undrain)
 from .hooks import HookRun, Hooks, hook_problem, run_hook
 from .unit_text import BASELINE_DROP_IN, BASELINE_DROP_IN_TEXT
 from ..base.errors import NumaError
@@ -314,7 +315,8 @@ def _deploy(deployments: Sequence[Deployment], options: Options, host: Host, che
         return report.summary([], earlier is not None)
     pending = Pending(previous_texts(tuple(changes), found), {instance.unit: instance.unit in running
                                                               for instance, _action in due},
-                      first=[instance.unit for instance, _action in due if instance.unit in first])
+                      first=[instance.unit for instance, _action in due if instance.unit in first],
+                      made=missing_directories(writes))
     write_pending(options.record_dir, pending)
     problems = write_files(writes)
     if not problems and any(change.reload for change in changes):
@@ -450,7 +452,7 @@ def _touch(pending: Pending, units: Sequence[str], options: Options) -> Optional
     name. None, or why the record could not be written (then nothing is started)."""
     touched = pending.touched + [unit for unit in units if unit not in pending.touched]
     try:
-        write_pending(options.record_dir, Pending(pending.files, pending.units, touched, pending.first))
+        write_pending(options.record_dir, Pending(pending.files, pending.units, touched, pending.first, pending.made))
     except NumaError as exc:
         return str(exc)
     pending.touched = touched
@@ -655,6 +657,7 @@ def take_back(pending: Pending, options: Options, host: Host,
         if not problem:
             host.stopped(unit)
     problems += ["%s not put back" % problem for problem in write_files(pending.files)]
+    remove_made_directories(pending.made)  # after the files: a first deployment's drop-in directories are empty now
     problems += [problem for problem in (remove_baseline_drop_in(options.root, unit) for unit in pending.touched)
                  if problem]
     reload = host.systemctl("daemon-reload")

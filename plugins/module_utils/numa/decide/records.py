@@ -12,7 +12,7 @@ Pure: names and shapes only, so the planner's layer (decide/rollout) can use the
 """
 
 import re
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ..base.cpulist import MAX_CPUS, MAX_NODES, parse_cpulist
 from ..base.errors import NumaError, shown
@@ -23,6 +23,9 @@ PLAN_SUFFIX = ".plan.json"
 AUDIT_SUFFIX = ".audit.json"
 # The change each service's A/B gate rolled back last (digests of what it wrote): <service>.rejected.json.
 REJECTED_SUFFIX = ".rejected.json"
+# What the inference_service role made for each service (the accounts, the state directory), so that taking the
+# service back removes those and nothing it found there: <service>.created.json.
+CREATED_SUFFIX = ".created.json"
 # The record of a change nobody has judged yet (act/change_files), root's alone to read.
 PENDING = "rollout.pending.json"
 # The instances a rollout left running without traffic (their undrain failed): the next run undrains them first.
@@ -38,6 +41,10 @@ _PLAN_NAME = re.compile(r"(.*)@([0-9]+)%s" % re.escape(PLAN_SUFFIX), re.DOTALL)
 # one record name and a restart names only <service>@<index>.service of validated parts.
 _SERVICE = re.compile(r"(?!\.\.?$)(?!-)[A-Za-z0-9_.-]{1,200}")
 _INDEX = re.compile(r"0|[1-9][0-9]{0,4}")
+# An account as useradd takes it (and never root, which no role creates), and the state directory systemd makes for
+# StateDirectory=<service>.
+_ACCOUNT = re.compile(r"(?!root$)[A-Za-z_][A-Za-z0-9_.-]{0,31}")
+_STATE_DIRECTORY = re.compile(r"/var/lib/(?!\.\.?$)[A-Za-z0-9_.-]{1,200}")
 _POLICY = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 MAX_CPULIST_CHARS = 1 << 16
 
@@ -57,6 +64,44 @@ def audit_record_name(service: str) -> str:
 
 def rejected_record_name(service: str) -> str:
     return service + REJECTED_SUFFIX
+
+
+def created_record_name(service: str) -> str:
+    return service + CREATED_SUFFIX
+
+
+def record_service(name: str) -> Optional[str]:
+    """The service a record of the plan directory named ``name`` belongs to (its plan records, audit, rejected and
+    created records), when that is a service name the role writes; None for any other name."""
+    parts = plan_record_parts(name)
+    if parts:
+        service = parts[0] if _INDEX.fullmatch(parts[1]) else None  # type: Optional[str]
+    else:
+        suffix = next((suffix for suffix in (AUDIT_SUFFIX, REJECTED_SUFFIX, CREATED_SUFFIX) if name.endswith(suffix)),
+                      None)
+        service = name[:-len(suffix)] if suffix else None
+    return service if service is not None and _SERVICE.fullmatch(service) else None
+
+
+def service_record_names(service: str, names: Iterable[str]) -> List[str]:
+    """Those of ``names`` (a plan directory's) that are ``service``'s records, the created record last: it says
+    which accounts to remove, so it goes only after they did."""
+    own = [name for name in names if record_service(name) == service]
+    return sorted(own, key=lambda name: (name == created_record_name(service), name))
+
+
+def created_problem(value: Mapping[str, Any]) -> str:
+    """Why a created record is not one the role writes (``user``, ``group``: an account name or null;
+    ``state_directory``: the absolute path /var/lib/<name> or null); "" when it is."""
+    for key in ("user", "group"):
+        name = value.get(key)
+        if name is not None and not (isinstance(name, str) and _ACCOUNT.fullmatch(name)):
+            return "%s %s is not an account name" % (key, shown(name))
+    path = value.get("state_directory")
+    if path is not None and not (isinstance(path, str) and _STATE_DIRECTORY.fullmatch(path)):
+        return "state_directory %s is not /var/lib/<service>" % shown(path)
+    unknown = sorted(set(value) - {"user", "group", "state_directory"})
+    return "unknown key %s" % shown(unknown[0]) if unknown else ""
 
 
 def plan_record_parts(name: str) -> Optional[Tuple[str, str]]:
