@@ -203,7 +203,7 @@ def read_undrain(record_dir: str) -> List[str]:
     """The units an earlier run left running without traffic (their undrain failed), in order; empty when none.
     NumaError for a record root cannot trust, or one of another shape."""
     fix = "look at it, undrain the units it names by hand, then remove it"
-    value = _read_record(record_dir, UNDRAIN, fix)
+    value = read_record(record_dir, UNDRAIN, fix)
     units = (value or {}).get("units", [])
     if not (isinstance(units, list) and all(isinstance(unit, str) for unit in units)):
         raise NumaError("refusing %s: it is not a list of units to undrain; %s" % (os.path.join(record_dir, UNDRAIN),
@@ -213,7 +213,7 @@ def read_undrain(record_dir: str) -> List[str]:
 
 def write_undrain(record_dir: str, units: Sequence[str]) -> None:
     """The units left without traffic recorded for the next run; none: the record removed."""
-    _write_record(record_dir, UNDRAIN, json.dumps({"units": list(units)}, indent=1) + "\n" if units else None)
+    write_record(record_dir, UNDRAIN, json.dumps({"units": list(units)}, indent=1) + "\n" if units else None)
 
 
 def read_rejected(record_dir: str, service: str, warnings: List[str]) -> Dict[str, Optional[str]]:
