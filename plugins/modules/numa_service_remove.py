@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: numa_service_remove
 short_description: Take inference services back from a host, and keep what that needs to know
-version_added: "0.5.0"
+version_added: "1.0.0"
 description:
   - Takes each service of O(remove) back completely - its instances (each found by a plan record or a drop-in
     directory) stopped and disabled, its unit template C(<name>@.service), its placement drop-ins (and their

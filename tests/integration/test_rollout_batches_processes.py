@@ -79,9 +79,14 @@ def untouched_lines(output):
 def test_site_runs_both_roles_in_one_batched_play_after_the_preflight():
     preflight, rollout, audit = site_plays()
     assert preflight["any_errors_fatal"] is True and "serial" not in preflight
-    assert [role["role"] for role in rollout["roles"]] == ["inferops.numa.numa_host"]
-    (services,) = [task for task in rollout["tasks"] if "ansible.builtin.include_role" in task]
-    assert services["ansible.builtin.include_role"]["name"] == "inferops.numa.inference_service"
+    # The host prepared before its services; taken back (numa_host_state absent) after them.
+    steps = [(task.get("ansible.builtin.import_role") or task.get("ansible.builtin.include_role") or {}).get("name")
+             for task in rollout["tasks"]]
+    assert [step for step in steps if step] == ["inferops.numa.numa_host", "inferops.numa.inference_service",
+                                                "inferops.numa.numa_host"]
+    prepare, take_back = [task for task in rollout["tasks"] if "ansible.builtin.import_role" in task]
+    assert prepare["when"] == "numa_host_state | default('present') != 'absent'"
+    assert take_back["when"] == "numa_host_state | default('present') == 'absent'"
     assert rollout["serial"] == "{{ numa_serial | default([1, '25%']) }}"
     assert rollout["max_fail_percentage"] == "{{ numa_max_fail_percentage | default(0) }}"
     assert rollout["vars"]["inferops_numa_rollout"] is True
