@@ -45,8 +45,8 @@ class ActionModule(ActionBase):
         balancing = self._task.args.get("balancing") or settings.get("numa_host_balancing") or "keep"
         module_args = {"root": self._task.args.get("root") or ROOT_DEFAULT,
                        # A service to take back is not checked against the host: nothing of it is deployed.
-                       "services": [entry for entry in entries if entry["state"] != preflight.ABSENT]
-                                   if services is None else services, "balancing": balancing}
+                       "services": ([entry for entry in entries if entry["state"] != preflight.ABSENT]
+                                    if services is None else services), "balancing": balancing}
         # What the host's checks depend on: an equal digest from earlier in the run means they would find the same.
         digest = hashlib.sha256(json.dumps([module_args, settings.get("numa_host_python"),
                                             settings.get("numa_host_python_min_version")],

@@ -31,7 +31,6 @@ KINDS = {
 RENAMED = {
     "cost": {"numa_cost_report_dir": "cost_report_dir", "numa_cost_hosts": "cost_report_hosts"},
 }
-RENAMED_REMOVED_IN = "2.0.0"
 
 display = Display()
 
@@ -53,9 +52,10 @@ class ActionModule(ActionBase):
         build, name, default_var = KINDS[kind]
         for old, new in sorted(RENAMED.get(kind, {}).items()):
             if old in (task_vars or {}):
+                # The version is written out: ansible-test's pylint checks it only as a literal.
                 display.deprecated("the variable %s is %s since inferops.numa 1.0.0 (the same value: -e %s=...)%s"
                                    % (old, new, new, "; %s is set too and wins" % new if new in task_vars else ""),
-                                   version=RENAMED_REMOVED_IN, collection_name="inferops.numa")
+                                   version="2.0.0", collection_name="inferops.numa")
         try:
             directory = fleet_report.report_dir(args.get("dest"))
         except fleet_report.ReportError as exc:

@@ -245,7 +245,7 @@ def merge_verdicts(record_dir: str, verdicts: Mapping[str, Any], warnings: List[
 
 
 def read_record(record_dir: str, name: str, fix: str,
-                 warnings: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
+                warnings: Optional[List[str]] = None) -> Optional[Dict[str, Any]]:
     """The JSON object of record ``name`` in the plan directory, or None when there is none. One root cannot
     trust (trusted_files.read_plan_record) is a NumaError ending with ``fix``; with ``warnings``, it is said there
     instead and taken as none."""

@@ -489,7 +489,7 @@ def restore_summary(plan: RestorePlan, check_mode: bool) -> str:
                                 [plan.dropin.kind]))
     parts.append("record %s deleted" % plan.record)
     return "%s the originals of %s: %s" % ("would restore" if check_mode else "restored", plan.knob.knob.owner,
-                                          "; ".join(parts))
+                                           "; ".join(parts))
 
 
 # ---------------------------------------------------------------- reporting

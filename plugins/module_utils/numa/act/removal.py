@@ -379,4 +379,3 @@ def _remove_tree(parent: int, name: str, shown_path: str) -> None:
     finally:
         os.close(fd)
     root_files.remove_directory(parent, name)
-

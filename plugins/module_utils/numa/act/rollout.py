@@ -443,8 +443,8 @@ def _undrained(result: Dict[str, Any], instance: Instance, host: Host) -> Dict[s
     problem = host.undrain(instance)
     if problem is None:
         return result
-    return dict(result, ok=False, msg="%s: ready and judged, but %s: it runs without traffic" % (instance.unit,
-                                                                                             problem))
+    return dict(result, ok=False, msg="%s: ready and judged, but %s: it runs without traffic"
+                % (instance.unit, problem))
 
 
 def _touch(pending: Pending, units: Sequence[str], options: Options) -> Optional[str]:
