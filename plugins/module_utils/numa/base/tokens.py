@@ -7,8 +7,6 @@ environment, which the role's units set and numa-pin reads, live here too.
 """
 from __future__ import annotations
 
-import re
-
 from .errors import NumaError
 
 TYPE_CHECKING = False
@@ -20,7 +18,7 @@ TOKENS = ("threads", "node", "cpulist", "instance", "port")
 # balancer names it, not its placement, which a hook has no use for.
 HOOK_TOKENS = ("service", "unit", "instance", "port")
 # What reads as a token: a word in braces. JSON in an argument ({"state": "drain"}) is not one.
-_TOKEN = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_TOKEN = r"\{([A-Za-z_][A-Za-z0-9_]*)\}"
 # numa-pin's own environment, which a service's environment may not set.
 OWN_ENV_PREFIX = "INFEROPS_NUMA_"
 # =unbound: numa-pin exec leaves the affinity and memory policy at the Linux default, for the A/B gate's baseline.
@@ -61,9 +59,11 @@ def substitute_tokens(argv: Sequence[str], plan: Mapping[str, Any], names: Seque
 def unknown_tokens(argv: Sequence[str], names: Sequence[str] = HOOK_TOKENS) -> List[str]:
     """The ``{word}`` tokens of ``argv`` that are none of ``names``, in order, each once: a hook's typo
     (``{unti}``) would otherwise reach the load balancer as it is."""
+    import re  # here, not at the top: numa-pin exec imports this module at every start and has no use for re
+
     found = []  # type: List[str]
     for arg in argv:
-        for word in _TOKEN.findall(arg):
+        for word in re.findall(_TOKEN, arg):
             if word not in names and "{%s}" % word not in found:
                 found.append("{%s}" % word)
     return found
