@@ -59,3 +59,25 @@ def needs(absent, reason):
     """A mark for a test that needs a tool or fixture `make test` installs: skipped when ``absent`` (a failure
     under `make test`). tests/conftest.py applies it when the test is set up."""
     return pytest.mark.needs_tool(bool(absent), reason=reason)
+
+
+
+# Lines of ansible-playbook's output that are not the rest of a warning: older cores (2.14) wrap a warning at 79
+# columns, on lines of their own without a prefix; a line starting like these begins something else.
+_NOT_A_WARNING_GOING_ON = ("[", "TASK ", "PLAY ", "RUNNING ", "NO MORE ", "ok:", "changed:", "skipping:", "fatal:",
+                           "failed:", "included:", "...")
+
+
+def warnings_in(output):
+    """Each "[WARNING]: ..." of ansible-playbook's ``output`` as one line, its wrapped lines joined with a space."""
+    found = []
+    going_on = False
+    for line in output.splitlines():
+        if line.startswith("[WARNING]:"):
+            found.append(line.rstrip())
+            going_on = True
+        elif going_on and line.strip() and not line.startswith(_NOT_A_WARNING_GOING_ON):
+            found[-1] += " " + line.strip()
+        else:
+            going_on = False
+    return found

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.integration.test_rollout_role_processes import Box, _recap, box  # noqa: F401  # box is a fixture
-from tests.tools import REPO, ansible_command
+from tests.tools import REPO, ansible_command, warnings_in
 
 PLAY = """\
 - name: Deploy or take back the stand-in engine with the inference_service role
@@ -95,14 +95,14 @@ def test_a_service_dropped_from_the_inventory_is_warned_about_then_taken_back_by
     assert code == 0, output
     code, output = play(box, [box.entry()])
     assert code == 0 and _recap(output)[0] == "0", output
-    warnings = [line for line in output.splitlines() if "is not in inference_service_list" in line]
+    warnings = [line for line in warnings_in(output) if "is not in inference_service_list" in line]
     assert len(warnings) == 1 and "old is deployed on this host" in warnings[0], output
     assert "inference_service_remove" in warnings[0]
     assert running(box) == {"llm@0.service": "active", "old@0.service": "active"}  # warned, not touched
     # No service listed at all: old is taken back, and llm, dropped now too, is warned about and left running.
     code, output = play(box, [], inference_service_remove=["old"])
     assert code == 0, output
-    warnings = [line for line in output.splitlines() if "is not in inference_service_list" in line]
+    warnings = [line for line in warnings_in(output) if "is not in inference_service_list" in line]
     assert len(warnings) == 1 and "llm is deployed on this host" in warnings[0], output
     assert running(box) == {"llm@0.service": "active", "old@0.service": "inactive"}
     assert not [path for path in ours(box) if "old" in os.path.basename(path)], ours(box)
