@@ -58,6 +58,33 @@ options:
           - The state directory systemd makes for the service at its first start (C(/var/lib/<name>)); recorded only
             while it is not there yet, so one that was there before is never removed.
         type: str
+  drains:
+    description:
+      - The traffic hooks of services in O(remove). Each running instance is taken out of its load balancer (the
+        drain command, its tokens C({service}), C({unit}), C({instance}), C({port}) filled as a rollout fills them,
+        C({port}) from the instance's plan record) before it is stopped, then O(drains[].drain_seconds) pass once.
+      - A drain that fails stops the removal of that service before any of its instances is stopped.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      service:
+        description: The service, as in O(remove).
+        type: str
+        required: true
+      drain_command:
+        description: The drain command, an argv list run without a shell.
+        type: list
+        elements: str
+        default: []
+      hook_seconds:
+        description: The drain command's deadline; past it the command and its children are killed.
+        type: float
+        default: 60
+      drain_seconds:
+        description: Seconds to wait after the drains, for requests in flight.
+        type: float
+        default: 0
   record_dir:
     description: The plan directory.
     type: path
@@ -104,12 +131,17 @@ msg:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import removal
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.hooks import hooks_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.rollout import Host
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import unit_prefix
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 CREATED_OPTIONS = {"service": {"type": "str", "required": True}, "user": {"type": "str"}, "group": {"type": "str"},
                    "state_directory": {"type": "str"}}
+DRAIN_OPTIONS = {"service": {"type": "str", "required": True},
+                 "drain_command": {"type": "list", "elements": "str", "default": []},
+                 "hook_seconds": {"type": "float", "default": 60}, "drain_seconds": {"type": "float", "default": 0}}
 
 
 def main() -> None:
@@ -117,14 +149,17 @@ def main() -> None:
         argument_spec={"remove": {"type": "list", "elements": "str", "default": []},
                        "keep": {"type": "list", "elements": "str", "default": []},
                        "created": {"type": "dict", "options": CREATED_OPTIONS},
+                       "drains": {"type": "list", "elements": "dict", "options": DRAIN_OPTIONS, "default": []},
                        "record_dir": {"type": "path", "default": "/etc/inferops-numa"},
                        "unit_dir": {"type": "path", "default": "/etc/systemd/system"},
                        **host_root_argument_spec()},
         supports_check_mode=True,
     )
     params = module.params
-    options = removal.Options(params["record_dir"], params["unit_dir"], params["root"])
     try:
+        drains = {unit_prefix(drain["service"]): hooks_from(drain["drain_command"], None, drain["hook_seconds"],
+                                                            drain["drain_seconds"]) for drain in params["drains"]}
+        options = removal.Options(params["record_dir"], params["unit_dir"], params["root"], drains)
         if params["created"]:
             made = dict(params["created"])
             changed = removal.record_created(options.record_dir, made.pop("service"), made, options.root,

@@ -80,6 +80,20 @@ def test_a_service_taken_back_leaves_no_file_of_ours_and_a_second_run_changes_no
     assert code == 0 and _recap(output) == ("0", "0"), output
 
 
+def test_a_service_taken_back_is_drained_while_it_still_serves_then_stopped(box):
+    code, output = play(box, [box.entry()])
+    assert code == 0, output
+    log = box.tmp_path / "hooks.log"
+    # The drain command writes what the instance answered when it ran: it still served, so the drain came first.
+    drain = [sys.executable, "-c", "import sys, urllib.request; open(sys.argv[1], 'a').write('drain %s %s %d\\n' "
+             "% (sys.argv[2], sys.argv[3], urllib.request.urlopen('http://127.0.0.1:%s/health' % sys.argv[3], "
+             "timeout=5).status))", str(log), "{unit}", "{port}"]
+    code, output = play(box, [{"name": "llm", "state": "absent", "port_base": box.port, "drain_command": drain}])
+    assert code == 0, output
+    assert log.read_text() == "drain llm@0.service %d 200\n" % box.port, output
+    assert running(box)["llm@0.service"] == "inactive"
+
+
 def test_a_failed_first_deployment_leaves_nothing(box):
     before = ours(box)
     code, output = play(box, [box.entry(mode="crash")])

@@ -5,7 +5,8 @@ import os
 
 import pytest
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import change_files, removal
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import change_files, removal, rollout
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.hooks import Hooks
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import records
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.rollout import record_text
@@ -195,3 +196,50 @@ def test_an_account_another_of_our_services_runs_as_is_handed_to_it_not_removed(
     assert "handed user daemon to big, which runs as it" in result["removed"]["llm"]
     assert change_files.read_record(host_dirs.record_dir, records.created_record_name("big"), "") == {
         "user": "daemon", "group": "daemon"}
+
+
+def _hooked(host, ran, rc=0):
+    """The fake systemd's Host whose hooks are recorded (argv, deadline) and end with ``rc``."""
+    def hook(argv, seconds):
+        ran.append((list(argv), seconds))
+        return rc, "", "" if rc == 0 else "backend llm/llm@0.service: no such server\n"
+    return rollout.Host(host.run, lambda instance, seconds: None, lambda gate: pytest.fail("no gate"),
+                        lambda: host.now, host._sleep, hook=hook)
+
+
+def test_a_running_instance_is_drained_with_its_recorded_port_before_it_is_stopped(host_dirs):
+    deployed(host_dirs)
+    change_files.write_files({os.path.join(host_dirs.record_dir, records.plan_record_name("llm", 0)):
+                              '{"port": 8080}\n'})
+    drains = {"llm": Hooks(drain=("lb", "drain", "{unit}", "{port}"), seconds=5.0, drain_seconds=2.0)}
+    options = host_dirs._replace(drains=drains)
+    systemd, ran = Host(active=["llm@0.service"]), []
+    result = removal.remove_services(["llm"], options, _hooked(systemd, ran), check=False)
+    assert not result["failed"], result
+    # llm@1 does not run: nothing to drain; the grace once, before the first stop.
+    assert ran == [(["lb", "drain", "llm@0.service", "8080"], 5.0)]
+    assert systemd.now == 2.0 and result["removed"]["llm"][0] == "drained llm@0.service"
+    assert [call for call in systemd.calls if call[0] == "stop"] == [["stop", "llm@0.service"],
+                                                                     ["stop", "llm@1.service"]]
+
+
+def test_a_failed_drain_stops_nothing_and_removes_nothing(host_dirs):
+    deployed(host_dirs)
+    before = listing(host_dirs)
+    options = host_dirs._replace(drains={"llm": Hooks(drain=("lb", "drain", "{unit}"))})
+    systemd, ran = Host(active=["llm@0.service", "llm@1.service"]), []
+    result = removal.remove_services(["llm"], options, _hooked(systemd, ran, rc=1), check=False)
+    assert result["failed"] and len(ran) == 1, result
+    assert result["msg"] == ("llm@0.service: not stopped: its drain command `lb drain llm@0.service` exited 1: "
+                             "backend llm/llm@0.service: no such server; fix the drain command or the load balancer "
+                             "and run again")
+    assert listing(host_dirs) == before and not [call for call in systemd.calls if call[0] == "stop"]
+
+
+def test_check_mode_says_it_would_drain_and_runs_no_hook(host_dirs):
+    deployed(host_dirs)
+    options = host_dirs._replace(drains={"llm": Hooks(drain=("lb", "drain", "{unit}"))})
+    systemd, ran = Host(active=["llm@1.service"]), []
+    result = removal.remove_services(["llm"], options, _hooked(systemd, ran), check=True)
+    assert ran == [] and result["removed"]["llm"][0] == "would drain llm@1.service", result
+

@@ -54,6 +54,8 @@ class FakeSystemd:
                 return 1, "", "Job for %s failed because the control process exited with error code." % unit
         elif verb == "stop":
             self.state[unit] = "inactive"
+        elif verb == "is-active" and self.state.get(unit) != "active":
+            return 3, self.state.get(unit, "inactive") + "\n", ""
         return 0, "", ""
 
     def _show(self, unit):

@@ -27,11 +27,12 @@ import stat
 from typing import Any, Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from .change_files import read_found, read_record, write_record
+from .hooks import Hooks, hook_problem
 from .rollout import Host
 from ..base.errors import NumaError
-from ..decide.records import (AB_GATES, created_problem, created_record_name, plan_record_parts, record_service,
-                              service_record_names)
-from ..decide.rollout import PLACEMENT_DROP_IN, record_text
+from ..decide.records import (AB_GATES, created_problem, created_record_name, plan_record_name, plan_record_parts,
+                              record_service, service_record_names)
+from ..decide.rollout import PLACEMENT_DROP_IN, hook_argv, record_text
 from ..system import root_files, safe_fs, trusted_files
 
 FIX_CREATED = "look at it, remove what the role made for the service by hand if you want it gone, then remove it"
@@ -42,6 +43,7 @@ class Options(NamedTuple):
     record_dir: str  # the plan directory
     unit_dir: str  # where the unit templates and drop-in directories are
     root: str = "/"  # the state directories' root prefix
+    drains: Mapping[str, Hooks] = {}  # service -> its traffic hooks: a running instance is drained before its stop
 
 
 class Removal:
@@ -138,6 +140,9 @@ def _remove(service: str, options: Options, host: Host, check: bool) -> Removal:
     own_records = service_record_names(service, records)
     instances = sorted({index for index in [_record_instance(name, service) for name in own_records]
                         + [_drop_in_instance(name, service) for name in drop_ins] if index is not None})
+    _drain(removal, service, instances, options, host, check)
+    if removal.problems:
+        return removal  # an instance its load balancer still sends requests to is not stopped
     for index in instances:
         unit = "%s@%d.service" % (service, index)
         _step(removal, check, "stopped and disabled %s" % unit,
@@ -166,6 +171,49 @@ def _remove(service: str, options: Options, host: Host, check: bool) -> Removal:
             _step(removal, check, "removed %s from %s" % (last, options.record_dir),
                   lambda: _remove_names(options.record_dir, [last]))
     return removal
+
+
+def _drain(removal: Removal, service: str, instances: Sequence[int], options: Options, host: Host,
+           check: bool) -> None:
+    """Each running instance taken out of its load balancer's traffic (the service's drain command, its tokens
+    filled as a rollout fills them), then the grace for requests in flight, once for all; the first drain that fails
+    stops the removal before any instance is stopped."""
+    hooks = options.drains.get(service)
+    if not hooks or not hooks.drain:
+        return
+    drained = False
+    for index in instances:
+        unit = "%s@%d.service" % (service, index)
+        if host.systemctl("is-active", unit) is not None:
+            continue  # not running: no traffic to take away
+        if check:
+            removal.done.append("would drain %s" % unit)
+            continue
+        try:
+            argv = hook_argv(hooks.drain, service, index, _recorded_port(options.record_dir, service, index))
+        except NumaError as exc:
+            removal.problems.append("%s: not stopped: %s" % (unit, exc))
+            return
+        problem = hook_problem("drain", argv, hooks.seconds, host.hook)
+        if problem:
+            removal.problems.append("%s: not stopped: %s; fix the drain command or the load balancer and run "
+                                    "again" % (unit, problem))
+            return
+        removal.done.append("drained %s" % unit)
+        drained = True
+    if drained and hooks.drain_seconds:
+        host.sleep(hooks.drain_seconds)
+
+
+def _recorded_port(record_dir: str, service: str, index: int) -> Optional[int]:
+    """The port instance ``index`` was deployed on (its plan record's), for a drain command's {port}; None when
+    the record has none or cannot be read (a {port} then says it is missing)."""
+    try:
+        record = read_record(record_dir, plan_record_name(service, index), "it is not read")
+    except NumaError:
+        return None
+    port = (record or {}).get("port")
+    return port if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536 else None
 
 
 def _remove_made(removal: Removal, service: str, created: Mapping[str, Optional[str]], options: Options,
