@@ -299,14 +299,10 @@ def run_restore(module: AnsibleModule, request: balancing.BalancingRequest) -> d
     conflict = balancing.restore_conflict(request)
     if conflict:
         module.fail_json(msg=conflict)
-    plan = knobs.plan_restore(module.params["root"], balancing.KNOB)
-    if plan.refused:
-        module.fail_json(msg=plan.refused, changed=False)
-    if plan.changed and not module.check_mode:
-        knobs.restore(plan)
-    result = balancing.restore_result(plan, module.check_mode)
-    if module._diff and plan.changed:
-        result["diff"] = knobs.diff(plan.knob)
+    refused, result = knobs.put_back(module.params["root"], balancing.KNOB, module.check_mode, module._diff,
+                                     balancing.restore_result)
+    if refused:
+        module.fail_json(msg=refused, changed=False)
     return result
 
 

@@ -161,14 +161,10 @@ ARGUMENT_SPEC = {
 
 def run_restore(module: AnsibleModule) -> dict:
     """source=original: the recorded originals put back, or a record not to be trusted refused."""
-    plan = knobs.plan_restore(module.params["root"], interleave_weights.KNOB)
-    if plan.refused:
-        module.fail_json(msg=plan.refused, changed=False)
-    if plan.changed and not module.check_mode:
-        knobs.restore(plan)
-    result = interleave_weights.restore_result(plan, module.check_mode)
-    if module._diff and plan.changed:
-        result["diff"] = knobs.diff(plan.knob)
+    refused, result = knobs.put_back(module.params["root"], interleave_weights.KNOB, module.check_mode,
+                                     module._diff, interleave_weights.restore_result)
+    if refused:
+        module.fail_json(msg=refused, changed=False)
     return result
 
 

@@ -22,7 +22,7 @@ import json
 import os
 import posixpath
 import stat
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from ..base.errors import NumaError
 from ..read.boot_config import MASK_TARGET  # systemd's one way to disable a drop-in's name, tmpfiles.d's too
@@ -410,14 +410,20 @@ def record_originals(plan: KnobPlan) -> None:
 
 def _write_originals(root: str, knob: Knob, originals: Originals) -> None:
     text = json.dumps(_originals_data(knob, originals), indent=1, sort_keys=True) + "\n"
+    _in_originals_dir(root, knob, True, lambda directory, name: safe_fs.write_atomically(
+        directory, name, text.encode("utf-8"), ORIGINALS_MODE, TEMPORARY_PREFIX))
+
+
+def _in_originals_dir(root: str, knob: Knob, create: bool, act: Callable[[int, str], Any]) -> None:
+    """``act(directory fd, record name)`` in the originals' directory (made when ``create``); any OSError on the
+    way is the one-line write error naming the record."""
     path = originals_path(root, knob)
     try:
-        directory = _open_originals_dir(root, create=True)
+        directory = _open_originals_dir(root, create=create)
     except OSError as exc:
         raise write_error(path, exc) from None
     try:
-        safe_fs.write_atomically(directory, posixpath.basename(path), text.encode("utf-8"), ORIGINALS_MODE,
-                                 TEMPORARY_PREFIX)
+        act(directory, posixpath.basename(path))
     except OSError as exc:
         raise write_error(path, exc) from None
     finally:
@@ -452,6 +458,21 @@ def _restore_flaw(original: DropinOriginal, found: Dropin) -> Optional[str]:
     return None if found.mode == original.mode else "mode %04o, not %04o" % (found.mode or 0, original.mode)
 
 
+def put_back(root: str, knob: Knob, check: bool, with_diff: bool,
+             result_of: Callable[[RestorePlan, bool], Dict[str, Any]]) -> Tuple[Optional[str], Dict[str, Any]]:
+    """A knob module's state/source ``original``: (why a record is refused, or None; the module's result by
+    ``result_of``, with the diff when ``with_diff`` and something changes). Restored unless ``check``."""
+    plan = plan_restore(root, knob)
+    if plan.refused:
+        return plan.refused, {}
+    if plan.changed and not check:
+        restore(plan)
+    result = result_of(plan, check)
+    if with_diff and plan.changed:
+        result["diff"] = diff(plan.knob)
+    return None, result
+
+
 def restore(plan: RestorePlan) -> None:
     """Put the originals back (runtime values, then the drop-in), check the kernel holds them, delete the record."""
     if plan.dropin is None or plan.record is None:
@@ -465,18 +486,10 @@ def restore(plan: RestorePlan) -> None:
 
 
 def _remove_originals(root: str, knob: Knob) -> None:
-    path = originals_path(root, knob)
-    try:
-        directory = _open_originals_dir(root, create=False)
-    except OSError as exc:
-        raise write_error(path, exc) from None
-    try:
-        _remove_quietly(directory, posixpath.basename(path))
+    def remove(directory: int, name: str) -> None:
+        _remove_quietly(directory, name)
         os.fsync(directory)  # a record that came back after a crash would restore again, over later changes
-    except OSError as exc:
-        raise write_error(path, exc) from None
-    finally:
-        os.close(directory)
+    _in_originals_dir(root, knob, False, remove)
 
 
 def restore_summary(plan: RestorePlan, check_mode: bool) -> str:
