@@ -50,9 +50,15 @@ def _percent(value: Any) -> str:
 
 def _number(value: Any, shape: str) -> str:
     """A finite number in ``shape``; anything else a host could have sent (text, NaN) is no number to show."""
+    number = _finite(value)
+    return NONE if number is None else shape % number
+
+
+def _finite(value: Any) -> Optional[float]:
+    """``value`` when it is a finite number (true and false are none), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return NONE
-    return shape % value
+        return None
+    return float(value)
 
 
 def gate_rate(verdict: Optional[Mapping[str, Any]]) -> Optional[float]:
@@ -60,10 +66,7 @@ def gate_rate(verdict: Optional[Mapping[str, Any]]) -> Optional[float]:
     change was rolled back; None without a verdict or a finite rate."""
     if not isinstance(verdict, Mapping):
         return None
-    rate = verdict.get("after_tokens_per_second" if verdict.get("kept") else "before_tokens_per_second")
-    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate):
-        return None
-    return float(rate)
+    return _finite(verdict.get("after_tokens_per_second" if verdict.get("kept") else "before_tokens_per_second"))
 
 
 def rollout_rows(services: Sequence[Mapping[str, Any]], audits: Sequence[Mapping[str, Any]] = (),
