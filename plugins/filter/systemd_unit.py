@@ -54,7 +54,7 @@ class _Rule:
         return _reported(self.__wrapped__, args, kwargs)
 
 
-def _server_command(argv, plan):
+def _server_command(argv, plan, container=None):
     from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import conflicting_flags
     from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
 
@@ -63,7 +63,7 @@ def _server_command(argv, plan):
     if conflicts:
         raise NumaError("engine %s's command gives %s: remove it, or set engine generic to run the command as "
                         "given" % (engine, "; ".join(conflicts)))
-    return server_command(argv, plan)[0]
+    return server_command(argv, plan, container)[0]
 
 
 def _service_entries(entries, defaults=None):
@@ -108,4 +108,5 @@ class FilterModule:
             "numa_service_entries": _filter(_service_entries),
             "numa_server_command": _filter(_server_command),
             "numa_systemd_settings": _filter(_settings),
+            "numa_container_cleanup": _Rule("base.containers", "leftover_cleanup"),
         }

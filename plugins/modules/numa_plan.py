@@ -94,6 +94,13 @@ options:
     type: str
     choices: [generic, llama.cpp, vllm, sglang, trtllm]
     default: generic
+  container:
+    description:
+      - The container runtime the instance runs in (a service's C(container) entry, docs/containers.md). Only
+        recorded in RV(record), so the audit finds the container's processes; the plan itself does not change.
+    type: str
+    choices: [docker, podman]
+    version_added: "1.1.0"
   record_file:
     description:
       - A plan record a deployment wrote, such as C(/etc/inferops-numa/llama@1.plan.json). The module reads it
@@ -288,12 +295,14 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs.request import argument_spec, build_request
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import plan_record, record_is_current
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.containers import RUNTIMES
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 # The request's options are request.py's table (numa-pin explain takes the same); DOCUMENTATION above
 # repeats them for ansible-doc, and tests/unit/test_request.py holds it to the table.
-ARGUMENT_SPEC = dict(argument_spec(), **host_root_argument_spec(), record_file={"type": "path"})
+ARGUMENT_SPEC = dict(argument_spec(), **host_root_argument_spec(), record_file={"type": "path"},
+                     container={"type": "str", "choices": sorted(RUNTIMES)})
 
 
 def main() -> None:
@@ -304,7 +313,7 @@ def main() -> None:
     except NumaError as exc:
         module.fail_json(msg=str(exc))
     result = placement.to_dict()
-    record = plan_record(result)
+    record = plan_record(result, module.params["container"])
     path = module.params["record_file"]
     module.exit_json(changed=False, plan=result, record=record,
                      record_current=path is not None and record_is_current(path, record),

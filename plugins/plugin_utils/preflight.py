@@ -30,7 +30,7 @@ import yaml
 from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base import tokens
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base import containers, tokens
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.sizes import finite_number
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate
@@ -81,7 +81,12 @@ UNIT_CHECKS = {
     "extra_settings": lambda settings: [unit_text.extra_setting_value(settings[unit_text.setting_name(name)], name)
                                         for name in settings],
 }
+# A container's command: the arguments after the image, checked as the unit writes them.
+CONTAINER_UNIT_CHECKS = {"command": unit_text.exec_args}
 GATE = "ab_gate"
+CONTAINER = "container"
+# What a container service's unit is, whatever the defaults say: root, no account made, no sandbox.
+CONTAINER_FIXED = {"user": "root", "group": "root", "create_user": False, "hardening": False}
 PORT_TOKEN = "{port}"
 # Printable ASCII without spaces: a URL (http.client sends its path as it is), a key quoted as it is.
 _WORD = re.compile(r"^[!-~]+$")
@@ -264,8 +269,8 @@ def _check_entry(entry: Mapping[str, Any], spec: Mapping[str, Any]) -> Tuple[Dic
     checked = {}  # type: Dict[str, Any]
     problems = []  # type: List[str]
     bad = set()
-    # A service to take back needs its name alone; one to deploy, its command too.
-    required = ("name",) if entry.get("state") == ABSENT else ("name", "command")
+    # A service to take back needs its name alone; one to deploy, its command too (a container, its image's).
+    required = ("name",) if entry.get("state") == ABSENT or entry.get(CONTAINER) is not None else ("name", "command")
     for key, option in spec.items():
         if key not in entry or entry[key] is None:
             if key in required:
@@ -274,17 +279,61 @@ def _check_entry(entry: Mapping[str, Any], spec: Mapping[str, Any]) -> Tuple[Dic
                 bad.add(key)
             checked[key] = option.get("default")
             continue
-        checked[key], found = _check_key(key, entry[key], option)
+        checked[key], found = _check_key(key, entry[key], option, entry.get(CONTAINER) is not None)
         problems += ["%s: %s" % (key, problem) for problem in found]
         if found:
             bad.add(key)
     problems += _across_keys(checked, bad)
     problems += ["%s: %s" % (_key(key), unknown_key(str(key), list(spec))) for key in entry if key not in spec]
+    if checked.get(CONTAINER) is not None and not bad & {CONTAINER, "command", "environment", "name"}:
+        problems += _containerize(checked, entry)
     return checked, problems
 
 
-def _check_key(key: str, value: Any, option: Mapping[str, Any]) -> Tuple[Any, List[str]]:
-    """(the value converted, its problems): its type, then what the unit or the role does with it."""
+def _containerize(checked: Dict[str, Any], entry: Mapping[str, Any]) -> List[str]:
+    """Turn a checked container entry into the service the unit runs (base/containers.run_argv): its command the
+    runtime's ``run`` of the image, as root without an account or sandbox, the unit type and settings the runtime
+    needs unless the entry gives them; "key: cause; fix" for what a container service cannot take."""
+    spec = checked[CONTAINER]
+    chosen = containers.runtime(spec["runtime"])
+    problems = ["%s: cannot be given with container: the runtime runs as root and isolates the server itself "
+                "(rootful %s); remove %s" % (key, chosen.name, key)
+                for key, kept in CONTAINER_FIXED.items() if key in entry and entry[key] != kept]
+    checked.update(CONTAINER_FIXED)
+    spec["program"] = spec.get("program") or chosen.program
+    try:
+        checked["command"] = containers.run_argv(spec, checked["name"], checked.get("command") or [],
+                                                 sorted(checked.get("environment") or {}))
+        unit_text.command_args(checked["command"])
+    except NumaError as exc:
+        return problems + ["%s: %s" % (CONTAINER, printable(str(exc)))]
+    if "type" not in entry:
+        checked["type"] = chosen.unit_type
+    checked["extra_settings"] = dict(chosen.unit_settings, **(checked.get("extra_settings") or {}))
+    return problems
+
+
+def check_container(values: Any) -> Tuple[Any, List[str]]:
+    """An entry's container against its options in the role's argument spec: (the keys converted, their defaults
+    filled; "key: cause; fix" for each unknown key, missing image, wrong type or choice)."""
+    if not isinstance(values, dict):
+        return values, ["is %s, not a mapping; give runtime, image and the container's keys" % type(values).__name__]
+    spec = role_options("inference_service")[ENTRIES]["options"][CONTAINER]["options"]
+    converted = {}  # type: Dict[str, Any]
+    problems = ["%s: %s" % (_key(key), unknown_key(str(key), list(spec))) for key in values if key not in spec]
+    for key, option in spec.items():
+        if values.get(key) is None:
+            converted[key] = option.get("default")
+            problems += ["image: missing; give the image to run"] if option.get("required") else []
+            continue
+        converted[key], problem = check_value(key, values[key], option)
+        problems += ["%s: %s" % (key, problem)] if problem else []
+    return converted, problems
+
+
+def _check_key(key: str, value: Any, option: Mapping[str, Any], containerized: bool = False) -> Tuple[Any, List[str]]:
+    """(the value converted, its problems): its type, then what the unit or the role does with it (a container's
+    command is the arguments after its image)."""
     if key in HOOKS:  # before conversion: the validator would split a string on its commas into a list
         found = check_hook(value)
         if found:
@@ -294,9 +343,10 @@ def _check_key(key: str, value: Any, option: Mapping[str, Any]) -> Tuple[Any, Li
         return converted, [problem]
     if key in VALUE_CHECKS:
         return VALUE_CHECKS[key](converted)
-    if key in UNIT_CHECKS:
+    checks = CONTAINER_UNIT_CHECKS if containerized and key in CONTAINER_UNIT_CHECKS else UNIT_CHECKS
+    if key in checks:
         try:
-            UNIT_CHECKS[key](converted)
+            checks[key](converted)
         except NumaError as exc:
             return converted, [printable(str(exc))]
     return converted, []
@@ -367,6 +417,7 @@ def check_hook(argv: Any) -> List[str]:
 # readiness URL against what the probe asks.
 VALUE_CHECKS = {
     GATE: check_gate,
+    CONTAINER: check_container,
     "health_url": lambda url: (url, check_url(url)),
 }  # type: Dict[str, Callable[[Any], Tuple[Any, List[str]]]]
 

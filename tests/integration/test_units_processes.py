@@ -229,6 +229,38 @@ def test_systemd_mode_refuses_what_systemd_cannot_do(rendered, case_id, message)
     assert message in error_of(rendered, case_id)
 
 
+def test_a_docker_unit_runs_its_client_through_numa_pin_and_clears_what_a_crash_left(rendered):
+    unit = text_of(rendered, "docker-wrapper")
+    start = split_exec(one(unit, "ExecStart"), instance="1")
+    assert start[1:3] == ["exec", "--instance"] and "--container-runtime" in start
+    assert start[start.index("--container-runtime") + 1] == "docker"
+    assert start[start.index("--") + 1:start.index("--") + 3] == ["/usr/bin/docker", "run"]
+    pre = [split_exec(value.lstrip("-"), instance="1") for key, value in settings_of(unit) if key == "ExecStartPre"]
+    post = [split_exec(value.lstrip("-"), instance="1") for key, value in settings_of(unit) if key == "ExecStopPost"]
+    assert pre == post == [["/usr/bin/docker", "rm", "--force", "vllm-1"],
+                           ["/bin/rm", "-f", "/run/inferops-numa-vllm-1.cid"]]
+    assert one(unit, "User") == "root" and "NoNewPrivileges" not in dict(settings_of(unit))
+
+
+def test_systemd_mode_puts_the_plan_after_a_containers_run(rendered):
+    dropin = text_of(rendered, "podman-dropin")
+    assert split_exec(one(dropin, "ExecStart")) == [
+        "/usr/bin/podman", "run", "--cpuset-cpus", "28-31", "--cpuset-mems", "1", "--env", "CUDA_VISIBLE_DEVICES=0",
+        "--device", "nvidia.com/gpu=0", "--rm", "--name", "vllm-1", "img", "--port", "8081"]
+    assert "ExecStartPre" not in dict(settings_of(text_of(rendered, "podman-dropin")))
+
+
+def test_systemd_mode_refuses_an_interleaved_docker_container(rendered):
+    assert "container runtime docker applies only a cgroup cpuset" in error_of(rendered, "docker-dropin-interleave")
+
+
+@needs_systemd
+@pytest.mark.parametrize("case_id", ["docker-wrapper"])
+def test_systemd_accepts_the_container_units(tmp_path, rendered, case_id):
+    text_of(rendered, case_id)
+    assert verify(install(tmp_path, rendered, case_id)) == (0, "")
+
+
 @needs_systemd
 def test_systemd_accepts_template_plus_placement(tmp_path, rendered):
     text_of(rendered, "systemd-dropin")

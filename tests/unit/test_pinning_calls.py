@@ -307,3 +307,48 @@ def test_any_other_value_of_the_baseline_variable_pins_as_always(start, environ)
     code, calls, err = start(two_nodes(), ["--node", "1", "--gpus", "none"])
     assert code == 0, err
     assert calls[0] == ("sched_setaffinity", 0, [4, 5, 6, 7])
+
+
+# --- a container runtime's run command: the plan's flags after `run` -------------------------------
+
+PODMAN = ["/usr/bin/podman", "run", "--rm", "--name", "llama-{instance}", "--network", "host", "img:1",
+          "--threads", "{threads}"]
+
+
+def test_a_podman_instance_is_pinned_itself_and_gets_the_plans_cpuset_after_run(start):
+    """numa-pin pins the podman it execs (the container inherits it) and puts the cpuset, the plan's environment
+    and the GPU by its CDI name after `run`, the GPU renumbered as the container sees it. Catches: the runtime's
+    flags left out (_server_command's container), put after the image, or the host's GPU index kept."""
+    code, calls, err = start(two_nodes(), ["--gpus", "1", "--container-runtime", "podman", "--instance", "0"],
+                             PODMAN)
+    assert code == 0, err
+    assert calls[:2] == [("sched_setaffinity", 0, [4, 5, 6, 7]),
+                         ("set_mempolicy", MPOL_BIND, [1], [0b10], 8 * _ulong_size() + 1)]
+    assert execs(calls) == [("execvp", "/usr/bin/podman", [
+        "/usr/bin/podman", "run", "--cpuset-cpus", "4-7", "--cpuset-mems", "1",
+        "--env", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "--env", "CUDA_VISIBLE_DEVICES=0", "--env", "OMP_NUM_THREADS=4",
+        "--device", "nvidia.com/gpu=0",
+        "--rm", "--name", "llama-0", "--network", "host", "img:1", "--threads", "4"],
+        {"OMP_NUM_THREADS": "4", "CUDA_VISIBLE_DEVICES": "0", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})]
+
+
+def test_the_a_b_baseline_of_a_container_has_no_cpuset(start, environ):
+    """Catches: the unbound baseline measured inside a cgroup cpuset (bound after all)."""
+    environ["INFEROPS_NUMA_AB_BASELINE"] = "unbound"
+    code, calls, err = start(two_nodes(), ["--node", "1", "--gpus", "none", "--container-runtime", "podman"], PODMAN)
+    assert code == 0, err
+    assert [call[0] for call in calls] == ["execvp"]
+    assert "--cpuset-cpus" not in calls[0][2] and "--cpuset-mems" not in calls[0][2]
+    assert calls[0][2][2:4] == ["--env", "OMP_NUM_THREADS=4"]
+
+
+def test_docker_cannot_interleave_and_numa_pin_refuses_to_start_it(start):
+    """20 GiB over 15 GiB-free nodes interleaves, which docker's cgroup cpuset cannot do: refused before the exec,
+    naming the fix. Catches: a docker instance started with its memory merely confined, not interleaved."""
+    docker = ["/usr/bin/docker", "run", "--rm", "img:1"]
+    code, calls, err = start(three_nodes(), ["--node", "0", "--gpus", "none", "--model-size", "20G",
+                                             "--container-runtime", "docker"], docker)
+    assert code == 2
+    assert execs(calls) == []
+    assert "container runtime docker applies only a cgroup cpuset" in err and "runtime podman" in err
+    assert err.count("\n") == 1

@@ -33,10 +33,12 @@ SPEC_KEYS = ("type", "elements", "choices", "default")
 EVERY_OPTION = {"node": "1", "gpus": "2", "model_size": "14G", "model": "/srv/models/m.gguf",
                 "memory_headroom": "5%+2G", "smt": False, "reserve_cpus": "0-1", "scope": "socket", "instances": 4,
                 "instance": 3, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate",
-                "replica_dir": "/srv/replicas", "port_base": 8000, "anchors": "0,0,1,1", "engine": "vllm"}
+                "replica_dir": "/srv/replicas", "port_base": 8000, "anchors": "0,0,1,1", "engine": "vllm",
+                "container_runtime": "docker"}
 
-# The role works these out per layout and instance instead of reading them from a service entry.
-ROLE_COMPUTED = ("instances", "instance", "anchors")
+# The role works these out per layout and instance instead of reading them from a service entry (the runtime from
+# the entry's container).
+ROLE_COMPUTED = ("instances", "instance", "anchors", "container_runtime")
 
 
 def _table_spec(option):
@@ -179,9 +181,11 @@ def test_role_builds_every_request_option_and_plans_with_every_numa_plan_option(
     wanted = service_requests({"name": "s", "layout": "per_node"}, {"nodes": [{"id": 0, "has_cpus": True}]})
     assert set(wanted["request"]) == set(request.BY_NAME) - {"instance"}
     planned = _service_task("Plan each instance")["inferops.numa.numa_plan"]
-    assert set(planned) - {"record_file"} == set(request.argument_spec())
+    # container: the runtime, recorded (not planned with) so the audit finds a container's processes.
+    assert set(planned) - {"record_file", "container"} == set(request.argument_spec())
+    assert planned["container"] == "{{ _inference_service_request.container_runtime or omit }}"
     # Each option handed on under its own name (instance is the loop's item).
-    assert [name for name, value in planned.items() if name not in ("instance", "record_file")
+    assert [name for name, value in planned.items() if name not in ("instance", "record_file", "container")
             and value != "{{ _inference_service_plan_args.%s | default(omit) }}" % name] == []
 
 

@@ -41,11 +41,12 @@ SEED_SERVICE = {
                 "-t", "{threads}", "--host", "0.0.0.0", "--port", "{port}"],
     "environment": {"LLAMA_ARG_CTX_SIZE": "8192"}, "description": None, "type": "exec", "restart": "on-failure",
     "restart_sec": 5, "working_directory": None, "state_directory": True, "read_write_paths": [],
-    "hardening": True, "extra_settings": {}, "replica_dir": None,
+    "hardening": True, "extra_settings": {}, "replica_dir": None, "container": None,
 }
 SEED_REQUEST = {"node": None, "gpus": None, "model_size": "/srv/models/model.gguf", "model": "/srv/models/model.gguf",
                 "memory_headroom": None, "smt": None, "reserve_cpus": None, "scope": None, "instances": 2,
-                "policy": "bind", "on_unfit": None, "page_cache": None, "replica_dir": None, "port_base": 8080}
+                "policy": "bind", "on_unfit": None, "page_cache": None, "replica_dir": None, "port_base": 8080,
+                "container_runtime": None}
 PLAN_NODE1 = {"policy": "bind", "mem_nodes": [1], "cpu_nodes": [1], "node": 1, "cpus": [28, 29, 30, 31],
               "cpulist": "28-31", "threads": 4, "gpus": ["0000:81:00.0"], "env": {"CUDA_VISIBLE_DEVICES": "0"},
               "instance": 1, "instances": 2, "port": 8081, "required_bytes": 1, "available_bytes": 7,
@@ -210,7 +211,21 @@ def cases(helper):
         case("systemd-weighted", DROPIN, service={"command": ["/bin/echo"]}, plan={"policy": "weighted-interleave"}),
         case("systemd-old", DROPIN, service={"command": ["/bin/echo"]}, systemd_version=242),
         case("systemd-no-port", DROPIN, service={"command": ["/bin/echo", "{port}"]}, plan={"port": None}),
+        case("docker-wrapper", service=DOCKER_SERVICE, request={"container_runtime": "docker"}, numa_pin=helper),
+        case("podman-dropin", DROPIN, service=PODMAN_SERVICE, request={"container_runtime": "podman"}),
+        case("docker-dropin-interleave", DROPIN, service=DOCKER_SERVICE, request={"container_runtime": "docker"},
+             plan={"policy": "interleave", "mem_nodes": [0, 1], "cpulist": "0-3", "cpus": [0, 1, 2, 3]}),
     ]
+
+
+# Container services as the numa_service_entries filter converts them (tests/unit/test_containers.py checks that).
+DOCKER_SERVICE = {"name": "vllm", "user": "root", "group": "root", "hardening": False, "type": "exec",
+                  "container": {"runtime": "docker", "program": "/usr/bin/docker", "image": "vllm/vllm-openai"},
+                  "command": ["/usr/bin/docker", "run", "--rm", "--name", "vllm-{instance}", "--network", "host",
+                              "--cidfile", "/run/inferops-numa-vllm-{instance}.cid", "vllm/vllm-openai",
+                              "--port", "{port}"]}
+PODMAN_SERVICE = dict(DOCKER_SERVICE, container={"runtime": "podman", "program": "/usr/bin/podman", "image": "img"},
+                      command=["/usr/bin/podman", "run", "--rm", "--name", "vllm-{instance}", "img", "--port", "{port}"])
 
 
 # --- wrapper mode -------------------------------------------------------------------------------

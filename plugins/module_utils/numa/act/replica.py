@@ -113,7 +113,8 @@ def ensure_replica(source: str, root: str, mem_nodes: Collection[int]) -> Tuple[
 
 
 def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str]) -> List[str]:
-    """The server's arguments with each model path (alone, or after ``=``) replaced by its copy.
+    """The server's arguments with each model path (alone, after ``=``, or as the host side of a container's
+    ``HOST:CONTAINER`` volume) replaced by its copy.
 
     A model the arguments never name is a mistake: the server would read the shared file.
     """
@@ -125,6 +126,8 @@ def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str]) -> List[
                 result[index], found = copy, True
             elif arg.endswith("=" + source):
                 result[index], found = arg[:-len(source)] + copy, True
+            elif arg.startswith(source + ":"):
+                result[index], found = copy + arg[len(source):], True
         if not found:
             raise NumaError("page_cache replicate: no server argument is the model path %s, so the server would "
                             "read the shared file: write the model's path in the command exactly as in "

@@ -311,8 +311,9 @@ def _option_word(option: Option, value: Any) -> str:
     return word
 
 
-def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
-    """The stable part of a Plan, written next to the unit and compared between runs.
+def plan_record(plan: Mapping[str, Any], container: Optional[str] = None) -> Dict[str, Any]:
+    """The stable part of a Plan, written next to the unit and compared between runs; for an instance run in a
+    ``container``, its runtime too (the audit finds the container's processes by it).
 
     A plan spread over several nodes places nothing by its ``node``: that is only the node
     the set grew from, picked by a few MiB of free memory that the running instance itself
@@ -323,6 +324,8 @@ def plan_record(plan: Mapping[str, Any]) -> Dict[str, Any]:
         record["engine"] = dict((key, value) for key, value in record["engine"].items() if key != "reasons")
     if len(plan.get("mem_nodes") or ()) > 1:
         record.pop("node", None)
+    if container:
+        record["container"] = container
     return record
 
 

@@ -3,7 +3,8 @@
 An entry holds the vendor's PCI vendor id (topology.py names every PCI device's vendor
 from it), the environment variable that limits a server to the GPUs it was given, the
 variables that must come with it, and the facts field in which topology.py records
-each GPU's index (placement.py uses it when present). Every vendor's index is its
+each GPU's index (placement.py uses it when present), and the kind of its CDI device names, by which a
+container runtime is given a GPU (base/containers). Every vendor's index is its
 ordinal among the same vendor's GPUs in PCI bus order. Supporting another vendor is
 adding an entry; neither the reader nor the planner names a vendor.
 
@@ -20,23 +21,27 @@ OTHER = "other"
 
 
 class GpuVendor:
-    """One vendor: its facts name, PCI vendor id, visibility variable and index field."""
+    """One vendor: its facts name, PCI vendor id, visibility variable, index field and CDI device kind."""
 
-    __slots__ = ("name", "pci_id", "visible_devices", "with_env", "index_fact")
+    __slots__ = ("name", "pci_id", "visible_devices", "with_env", "index_fact", "cdi_kind")
 
     def __init__(self, name: str, pci_id: str, visible_devices: Optional[str] = None,
-                 with_env: Optional[Mapping[str, str]] = None, index_fact: Optional[str] = None) -> None:
+                 with_env: Optional[Mapping[str, str]] = None, index_fact: Optional[str] = None,
+                 cdi_kind: Optional[str] = None) -> None:
         self.name = name
         self.pci_id = pci_id
         self.visible_devices = visible_devices
         self.with_env = dict(with_env or {})
         self.index_fact = index_fact
+        self.cdi_kind = cdi_kind
 
 
 VENDORS = (
     # CUDA numbers GPUs fastest first unless CUDA_DEVICE_ORDER asks for bus order.
-    GpuVendor("nvidia", "0x10de", "CUDA_VISIBLE_DEVICES", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "cuda_index"),
-    GpuVendor("amd", "0x1002", "ROCR_VISIBLE_DEVICES"),
+    GpuVendor("nvidia", "0x10de", "CUDA_VISIBLE_DEVICES", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}, "cuda_index",
+              "nvidia.com/gpu"),
+    # CDI names by the vendors' container toolkits (nvidia-ctk cdi generate, amd-ctk cdi generate).
+    GpuVendor("amd", "0x1002", "ROCR_VISIBLE_DEVICES", cdi_kind="amd.com/gpu"),
     # No variable yet (Level Zero's would be ZE_AFFINITY_MASK): a plan reason names the GPU instead.
     GpuVendor("intel", "0x8086"),
 )

@@ -11,7 +11,7 @@ from .errors import NumaError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, List, Mapping, Sequence, Tuple
+    from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 TOKENS = ("threads", "node", "cpulist", "instance", "port")
 # A traffic hook's tokens (the inference_service role's drain_command, undrain_command): an instance as a load
@@ -25,12 +25,19 @@ OWN_ENV_PREFIX = "INFEROPS_NUMA_"
 BASELINE_ENV = OWN_ENV_PREFIX + "AB_BASELINE"
 
 
-def server_command(argv: Sequence[str], plan: Mapping[str, Any]) -> Tuple[List[str], List[str]]:
-    """(the server's argv: the tokens filled from the plan, then the engine recipe's arguments; the
+def server_command(argv: Sequence[str], plan: Mapping[str, Any], container: Optional[str] = None,
+                   bound: bool = True) -> Tuple[List[str], List[str]]:
+    """(the server's argv: the tokens filled from the plan, then the engine recipe's arguments, and for a
+    ``container`` runtime's ``run`` command the plan's flags after ``run`` (no cpuset when not ``bound``); the
     recipe's flags the command already gave). numa-pin exec and the role's systemd mode share it."""
     from .engines import with_engine_args
 
-    return with_engine_args(substitute_tokens(argv, plan), (plan.get("engine") or {}).get("args") or [])
+    argv, kept = with_engine_args(substitute_tokens(argv, plan), (plan.get("engine") or {}).get("args") or [])
+    if container:
+        from .containers import with_plan_flags
+
+        argv = with_plan_flags(argv, container, plan, bound)
+    return argv, kept
 
 
 def substitute_tokens(argv: Sequence[str], plan: Mapping[str, Any], names: Sequence[str] = TOKENS) -> List[str]:

@@ -363,10 +363,11 @@ def run_explain(args: Args, _server_argv: List[str]) -> int:
 
 def run_exec(args: Args, server_argv: List[str]) -> int:
     topology, placement = _plan("/", args, plan_only=True)
-    engine_notes = _check_engine(placement, server_argv, args.best_effort)
+    engine_notes = _check_engine(placement, server_argv, args.best_effort, args.container_runtime)
     # Placement first: a page the scan faults in is then read under the plan's policy.
-    notes = _apply_unless_baseline(placement, topology, args.best_effort) + engine_notes
-    argv, kept = _server_command(server_argv, placement)
+    notes, bound = _apply_unless_baseline(placement, topology, args.best_effort)
+    notes += engine_notes
+    argv, kept = _server_command(server_argv, placement, args.container_runtime, bound)
     if kept:
         notes.append("engine %s: the command's own %s kept" % (placement.engine["engine"], " ".join(kept)))
     models = args.model
@@ -415,10 +416,11 @@ def run_metrics(args: argparse.Namespace, _server_argv: List[str]) -> int:
 # --- applying a plan ------------------------------------------------------
 
 
-def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) -> List[str]:
+def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool,
+                  container: Optional[str] = None) -> List[str]:
     """Refuse a command with flags that would undo the binding, and (or, best-effort, drop) an
     engine recipe whose programs this host lacks: the engine would fail at its first worker, far
-    from the cause."""
+    from the cause. A container's programs are its image's, which only the engine's start can look at."""
     from ..base.engines import conflicting_flags, missing_programs
 
     engine = placement.engine["engine"]
@@ -429,7 +431,7 @@ def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) ->
                         "engine generic to start the command as given" % (engine, "; ".join(conflicts)))
     notes = ["best-effort: engine %s's %s kept" % (engine, "; ".join(conflicts))] if conflicts else []
     missing = missing_programs(placement.engine["requires"], os.environ.get("PATH", os.defpath))
-    if not missing:
+    if not missing or container:
         return notes
     problem = ("engine %s binds each worker with %s, which is not on PATH (%s)" % (
         placement.engine["engine"], " and ".join(missing), os.environ.get("PATH", os.defpath)))
@@ -440,20 +442,22 @@ def _check_engine(placement: Plan, server_argv: List[str], best_effort: bool) ->
     return notes + ["best-effort: %s; its arguments NOT added" % problem]
 
 
-def _server_command(server_argv: List[str], placement: Plan) -> Tuple[List[str], List[str]]:
+def _server_command(server_argv: List[str], placement: Plan, container: Optional[str],
+                    bound: bool) -> Tuple[List[str], List[str]]:
     from ..base.tokens import server_command
 
-    return server_command(server_argv, placement.to_dict())
+    return server_command(server_argv, placement.to_dict(), container, bound)
 
 
-def _apply_unless_baseline(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:
-    """_apply, except for the A/B gate's unbound baseline (its runtime drop-in sets BASELINE_ENV=unbound for one
-    start, then is removed): the plan's threads and port, at the Linux default affinity and memory policy."""
+def _apply_unless_baseline(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> Tuple[List[str], bool]:
+    """(notes, whether the plan binds): _apply, except for the A/B gate's unbound baseline (its runtime drop-in sets
+    BASELINE_ENV=unbound for one start, then is removed): the plan's threads and port, at the Linux default affinity
+    and memory policy (a container without the plan's cpuset)."""
     from ..base.tokens import BASELINE_ENV
 
     if os.environ.pop(BASELINE_ENV, None) != "unbound":
-        return _apply(placement, topology, best_effort)
-    return ["A/B gate baseline: affinity and memory policy NOT set (the Linux default), for one measurement"]
+        return _apply(placement, topology, best_effort), True
+    return ["A/B gate baseline: affinity and memory policy NOT set (the Linux default), for one measurement"], False
 
 
 def _apply(placement: Plan, topology: Dict[str, Any], best_effort: bool) -> List[str]:

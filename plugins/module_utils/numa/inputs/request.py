@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from ..base.cpulist import MAX_CPUS, MAX_NODES, parse_cpulist
+from ..base.containers import RUNTIMES as CONTAINER_RUNTIMES
 from ..base.engines import ENGINES, GENERIC
 from ..base.errors import NumaError, shown
 from ..base.sizes import MAX_BYTES, decimal_digits, format_size, parse_size
@@ -100,6 +101,9 @@ OPTIONS = (
                             "numa-pin's binding (docs/engines.md)", default=GENERIC,
            # The table's keys, a live view: an engine whose record is added there is a choice everywhere.
            choices=ENGINES.keys()),
+    Option("container_runtime", "str", "the container runtime whose `run` command the server's argv is: the plan's cpuset, "
+                               "environment and GPUs are put after its `run` (docs/containers.md)",
+           choices=CONTAINER_RUNTIMES.keys(), stage=START),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 DEFAULTS = {option.name: option.default for option in OPTIONS}

@@ -98,6 +98,8 @@ def _request(entry: Mapping[str, Any], layout: str, count: int, anchors: List[in
         # deploy time so the spread stays stable: planned again later (next deploy, next start), the running
         # instances' own memory would otherwise count against their nodes and could swap them.
         "anchors": ",".join(str(node) for node in anchors) if layout in ("per_node", "per_socket") else None,
+        # The runtime whose run command the entry's command is (numa-pin adds the plan's flags after its run).
+        "container_runtime": (entry.get("container") or {}).get("runtime"),
     })
     return request
 

@@ -44,11 +44,12 @@ import re
 import time
 from typing import Any, Callable, Collection, Dict, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
+from ..base.containers import cid_file
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..inputs import judging
 from ..base.errors import NumaError, shown
 from .kernel_files import Root, parse_maps, proc_text, read_status
-from .systemctl import CommandRunner, run_command, show_unit, unit_pids
+from .systemctl import CommandRunner, container_pids, run_command, show_unit, unit_pids
 from ..base.sizes import finite_number, format_size
 from ..decide.records import plan_problem
 from ..system import trusted_files
@@ -650,13 +651,23 @@ def wait_for_unit(unit: str, root: str, run: CommandRunner, wait_seconds: float,
     return outcome
 
 
+def instance_pids(root: str, unit: str, props: Mapping[str, str], plan: Optional[Mapping[str, Any]]) -> List[int]:
+    """The processes of an instance: its unit's cgroup (a podman container's among them, run with --cgroups=split),
+    and for a docker container, which its daemon starts elsewhere, the container's cgroup, named by its id file."""
+    pids = unit_pids(root, props)
+    if (plan or {}).get("container") != "docker":
+        return pids
+    service, _, rest = unit.partition("@")
+    return sorted(set(pids) | set(container_pids(root, cid_file(service, rest.rpartition(".")[0]))))
+
+
 def audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[str],
                 plan: Optional[Mapping[str, Any]], min_local_percent: float, pages: str,
                 page_size: Optional[int]) -> Dict[str, Any]:
     """Audit the processes of a unit whose ``systemctl show`` properties were read (no waiting)."""
     size = page_size or os.sysconf("SC_PAGE_SIZE")
     processes = []
-    for pid in unit_pids(root, props):
+    for pid in instance_pids(root, unit, props, plan):
         raw = read_process(root, pid, size)
         if raw is None:
             warnings.append("PID %d of %s exited while being audited" % (pid, unit))

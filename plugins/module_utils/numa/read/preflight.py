@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .kernel_files import Root, printable, read_status
 from .topology import read
+from ..base.containers import policy_problem
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError
 from ..decide.services import plan_service
@@ -136,10 +137,12 @@ def slice_allowed(root: str) -> Optional[Dict[str, List[int]]]:
 def service_problems(root: str, entry: Mapping[str, Any], topology: Mapping[str, Any],
                      allowed: Optional[Mapping[str, List[int]]]) -> List[str]:
     problems = command_problems(root, entry.get("command") or [])
+    runtime = (entry.get("container") or {}).get("runtime")
     for row in plan_service(topology, entry):
         where = row["unit"] or "placement"
-        if row["error"]:
-            problems.append("%s: %s" % (where, row["error"]))
+        unapplied = policy_problem(runtime, row["policy"]) if runtime and not row["error"] else None
+        if row["error"] or unapplied:
+            problems.append("%s: %s" % (where, row["error"] or unapplied))
         elif allowed is not None:
             problems += ["%s: %s" % (where, problem) for problem in _outside_slice(row, allowed)]
     return problems

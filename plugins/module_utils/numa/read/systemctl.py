@@ -17,6 +17,10 @@ UNIT_PROPERTIES = ("LoadState", "ActiveState", "SubState", "Result", "MainPID", 
 # Where a unit's ControlGroup is found: the unified hierarchy, then the legacy and hybrid layouts' trees.
 CGROUP_ROOTS = ("sys/fs/cgroup", "sys/fs/cgroup/systemd", "sys/fs/cgroup/unified")
 
+# docker's container ids (--cidfile): 64 lowercase hexadecimal digits.
+_CONTAINER_ID_LENGTH = 64
+_HEX_DIGITS = "0123456789abcdef"
+
 # Runs a command: argv -> (exit code, stdout, stderr).
 CommandRunner = Callable[[List[str]], Tuple[int, str, str]]
 
@@ -78,6 +82,34 @@ def unit_pids(root: str, props: Mapping[str, str]) -> List[int]:
                 return _cgroup_pids(top)
     main = int(props.get("MainPID") or 0)
     return [main] if main > 0 else []
+
+
+def container_pids(root: str, cid_path: str) -> List[int]:
+    """Every PID in the cgroup of the docker container whose id docker wrote to ``cid_path`` (``--cidfile``): the
+    systemd driver's ``docker-<id>.scope`` or cgroupfs' ``docker/<id>``. NumaError when the id file is missing or
+    is not an id, or no cgroup has it: the container is not running."""
+    container_id = _read_container_id(os.path.join(root, cid_path.lstrip("/")))
+    for base in CGROUP_ROOTS:
+        for group in ("system.slice/docker-%s.scope" % container_id, "docker/%s" % container_id):
+            top = os.path.join(root, base, group)
+            if os.path.isdir(top) and not os.path.islink(top):
+                return _cgroup_pids(top)
+    raise NumaError("no cgroup holds the container %s (id from %s): is it running? `docker ps` shows it"
+                    % (container_id[:12], cid_path))
+
+
+def _read_container_id(path: str) -> str:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            text = handle.read(_CONTAINER_ID_LENGTH + 2).decode("ascii", "replace").strip()
+    except OSError as exc:
+        raise NumaError("cannot read the container id file %s (%s): the instance's container is not running, or "
+                        "was not started by its unit" % (path, exc.strerror))
+    if len(text) != _CONTAINER_ID_LENGTH or text.strip(_HEX_DIGITS):
+        raise NumaError("%s holds no container id (64 hexadecimal digits): restart the instance so docker writes it "
+                        "again" % path)
+    return text
 
 
 def _cgroup_pids(top: str) -> List[int]:
