@@ -37,9 +37,11 @@ def _role_launcher(directory):
         tasks = yaml.safe_load(handle)
     (template,) = [task["ansible.builtin.set_fact"]["_numa_host_helper_launcher"] for task in tasks
                    if "_numa_host_helper_launcher" in task.get("ansible.builtin.set_fact", {})]
+    # The role installs each version in a directory of its own; the bench's directory stands for it.
     text = (template.replace("{{ numa_host_python }}", PYTHON)
-            .replace("{{ numa_host_helper_dir | to_json }}", json.dumps(directory))
-            .replace("{{ numa_host_helper_dir }}", directory))
+            .replace("{{ _numa_host_helper_version[:12] }}", "bench")
+            .replace("{{ _numa_host_helper_this_home | to_json }}", json.dumps(directory))
+            .replace("{{ _numa_host_helper_this_home }}", directory))
     if "{{" in text:
         raise SystemExit("%s: the launcher uses a variable this bench does not fill in:\n%s" % (HELPER_TASKS, text))
     return text
