@@ -63,6 +63,10 @@ PACKAGES = [
     "ca-certificates",
     # Serves numa-pin metrics' textfile on :9100 (numa_host_node_exporter: true in converge.yml).
     "prometheus-node-exporter",
+    # Containers in the guest (rootful, --network host only). Without Recommends (mmdebstrap's default) podman
+    # brings conmon, crun (the first of "crun | runc") and containers-common; buildah, slirp4netns, uidmap,
+    # fuse-overlayfs and catatonit are not needed for rootful host-network containers on kernel overlayfs.
+    "podman",
 ]
 MIRRORS = [
     "deb http://deb.debian.org/debian bookworm main",
