@@ -63,6 +63,14 @@ PACKAGES = [
     "ca-certificates",
     # Serves numa-pin metrics' textfile on :9100 (numa_host_node_exporter: true in converge.yml).
     "prometheus-node-exporter",
+    # Containers in the guest (rootful, --network host only). Without Recommends (mmdebstrap's default) podman
+    # brings conmon and containers-common; buildah, slirp4netns, uidmap, fuse-overlayfs and catatonit are not
+    # needed for rootful host-network containers on kernel overlayfs. runc, netavark and gpg are named so that apt
+    # satisfies podman's "crun | runc", "container-network-stack" and libgpgme11's "gnupg | gpg" with them: crun
+    # 1.8.1 needs the D-Bus system bus for systemd cgroups (the guest has none: "crun: cannot open sd-bus"), runc
+    # falls back to systemd's private socket; containernetworking-plugins with iptables (47 MB) and all of gnupg
+    # (9 MB) are not needed. containers.conf below selects runc.
+    "podman", "runc", "netavark", "gpg",
 ]
 MIRRORS = [
     "deb http://deb.debian.org/debian bookworm main",
@@ -106,6 +114,8 @@ GUEST_FILES = {
     # under TCG; the guest only needs its virtio disk and ext4 to find root.
     "etc/initramfs-tools/conf.d/lab.conf": "MODULES=list\n",
     "etc/initramfs-tools/modules": "virtio_pci\nvirtio_blk\next4\n",
+    # podman 4.3 defaults to crun, which is not installed (see PACKAGES).
+    "etc/containers/containers.conf": "[engine]\nruntime = \"runc\"\n",
 }
 # Python caches no bytecode for zip imports, so each Ansible module run in the guest compiled
 # ansible.module_utils again (~4 s of a ~8 s run under TCG); this hook caches it (see the file).
