@@ -108,5 +108,5 @@ class FilterModule:
             "numa_service_entries": _filter(_service_entries),
             "numa_server_command": _filter(_server_command),
             "numa_systemd_settings": _filter(_settings),
-            "numa_container_cleanup": _Rule("base.containers", "leftover_cleanup"),
+            "numa_container_commands": _Rule("base.containers", "unit_commands"),
         }

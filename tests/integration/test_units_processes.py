@@ -235,10 +235,12 @@ def test_a_docker_unit_runs_its_client_through_numa_pin_and_clears_what_a_crash_
     assert start[1:3] == ["exec", "--instance"] and "--container-runtime" in start
     assert start[start.index("--container-runtime") + 1] == "docker"
     assert start[start.index("--") + 1:start.index("--") + 3] == ["/usr/bin/docker", "run"]
-    pre = [split_exec(value.lstrip("-"), instance="1") for key, value in settings_of(unit) if key == "ExecStartPre"]
-    post = [split_exec(value.lstrip("-"), instance="1") for key, value in settings_of(unit) if key == "ExecStopPost"]
-    assert pre == post == [["/usr/bin/docker", "rm", "--force", "vllm-1"],
-                           ["/bin/rm", "-f", "/run/inferops-numa-vllm-1.cid"]]
+    def commands(setting):
+        return [split_exec(value[1:], instance="1") for key, value in settings_of(unit) if key == setting
+                and value.startswith("-")]
+    assert commands("ExecStartPre") == commands("ExecStopPost") == [["/usr/bin/docker", "rm", "--force", "vllm-1"],
+                                                                    ["/bin/rm", "-f", "/run/inferops-numa-vllm-1.cid"]]
+    assert commands("ExecStop") == [["/usr/bin/docker", "stop", "--time", "10", "vllm-1"]]
     assert one(unit, "User") == "root" and "NoNewPrivileges" not in dict(settings_of(unit))
 
 

@@ -34,7 +34,7 @@ def test_an_entry_becomes_podman_run_with_its_name_volumes_environment_names_and
         "docker.io/vllm/vllm-openai:v0.11.0", "--port", "{port}"]
     # Root without an account or sandbox; podman's readiness comes from conmon.
     assert (entry["user"], entry["group"], entry["create_user"], entry["hardening"]) == ("root", "root", False, False)
-    assert entry["type"] == "notify" and entry["extra_settings"] == {"NotifyAccess": "all"}
+    assert entry["type"] == "notify" and entry["extra_settings"] == {"NotifyAccess": "all", "Delegate": "yes"}
 
 
 def test_a_docker_entry_writes_its_container_id_where_the_audit_reads_it():
@@ -45,9 +45,21 @@ def test_a_docker_entry_writes_its_container_id_where_the_audit_reads_it():
     assert checked["command"][checked["command"].index("--cidfile") + 1] == "/run/inferops-numa-vllm-{instance}.cid"
     assert checked["command"][-4:-2] == ["--pull", "never"] or "--pull" in checked["command"]
     assert checked["type"] == "simple" and checked["extra_settings"] == {}
-    assert containers.leftover_cleanup(checked["container"], "vllm") == [
-        ["/usr/bin/docker", "rm", "--force", "vllm-{instance}"], ["/bin/rm", "-f", "/run/inferops-numa-vllm-{instance}.cid"]]
-    assert containers.leftover_cleanup(dict(checked["container"], runtime="podman"), "vllm") == []
+    cleanup = [["/usr/bin/docker", "rm", "--force", "vllm-{instance}"],
+               ["/bin/rm", "-f", "/run/inferops-numa-vllm-{instance}.cid"]]
+    assert containers.unit_commands(checked["container"], "vllm", 30) == {
+        "ExecStartPre": cleanup, "ExecStop": [["/usr/bin/docker", "stop", "--time", "30", "vllm-{instance}"]],
+        "ExecStopPost": cleanup}
+
+
+def test_a_podman_container_is_stopped_by_podman_and_removed_after():
+    """Measured in the lab: a server as the container's PID 1 ignored systemd's SIGTERM (stopped only by the 20 s
+    timeout's SIGKILL, its container left behind); podman's stop needs Delegate=yes under --cgroups=split."""
+    (entry,), _ = preflight.check_entries([VLLM], {})
+    assert containers.unit_commands(entry["container"], "vllm") == {
+        "ExecStop": [["/usr/bin/podman", "stop", "--ignore", "--time", "10", "vllm-{instance}"]],
+        "ExecStopPost": [["/usr/bin/podman", "rm", "--force", "--ignore", "vllm-{instance}"]]}
+    assert entry["extra_settings"]["Delegate"] == "yes"
 
 
 @pytest.mark.parametrize("change, words", [

@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 ALL_POLICIES = ("bind", "preferred", "interleave", "weighted_interleave")
+# How long a runtime's stop waits before it kills the container (podman's and docker's own default).
+DEFAULT_STOP_SECONDS = 10
 # Where docker's container ids are written: root's own, cleared at boot.
 CID_DIR = "/run"
 # The word after the program that every rendered command has: the plan's flags go right after it.
@@ -60,11 +62,12 @@ class Runtime:
 RUNTIMES = {
     runtime.name: runtime for runtime in (
         # --sdnotify=conmon: conmon says READY once the container runs (and names itself MAINPID, hence
-        # NotifyAccess=all); --replace: a container of the same name left by a crash is removed first.
+        # NotifyAccess=all); --replace: a container of the same name left by a crash is removed first;
+        # --cgroups=split leaves the unit's own cgroup to podman, so ExecStop='s podman needs Delegate=yes (else
+        # 219/CGROUP, measured in the lab).
         Runtime("podman", "/usr/bin/podman", ("--rm", "--replace", "--cgroups=split", "--sdnotify=conmon"),
-                ALL_POLICIES, True, "notify", {"NotifyAccess": "all"}),
-        # The client stays attached (its signals proxied to the container); a container left by a crash of
-        # the client is removed before the next start (the role's ExecStartPre=).
+                ALL_POLICIES, True, "notify", {"NotifyAccess": "all", "Delegate": "yes"}),
+        # The client stays attached; a container left by a crash of the client is removed before the next start.
         Runtime("docker", "/usr/bin/docker", ("--rm",), ("bind",), False, "exec", {}),
     )
 }
@@ -112,14 +115,21 @@ def run_argv(spec: Mapping[str, Any], service: str, command: Sequence[str], env_
     return argv + options + [spec["image"]] + list(command)
 
 
-def leftover_cleanup(spec: Mapping[str, Any], service: str) -> List[List[str]]:
-    """The commands that remove what a runtime's client can leave behind an instance ``{instance}`` (its container,
-    its id file), run before each start and after each stop; none for podman, whose ``--replace`` does it."""
+def unit_commands(spec: Mapping[str, Any], service: str, stop_seconds: Optional[int] = None) -> Dict[str, List[List[str]]]:
+    """The unit's commands around a runtime's ``run`` of instance ``{instance}``, by setting (``ExecStartPre``,
+    ``ExecStop``, ``ExecStopPost``; systemd ignores their failures): the container stopped by its runtime (SIGTERM,
+    then SIGKILL after ``stop_seconds``, default the runtimes' 10: a server running as the container's PID 1 has no
+    default SIGTERM handler), then removed, with docker's id file, so a container a crash left never holds the
+    name; podman's ``--replace`` does that before a start."""
     chosen = runtime(spec.get("runtime") or "podman")
-    if chosen.name != "docker":
-        return []
-    return [[spec.get("program") or chosen.program, "rm", "--force", container_name(service)],
-            ["/bin/rm", "-f", cid_file(service)]]
+    program = spec.get("program") or chosen.program
+    name = container_name(service)
+    stop = [program, "stop", "--time", str(stop_seconds or DEFAULT_STOP_SECONDS), name]
+    if chosen.name == "podman":
+        return {"ExecStop": [stop[:2] + ["--ignore"] + stop[2:]],
+                "ExecStopPost": [[program, "rm", "--force", "--ignore", name]]}
+    cleanup = [[program, "rm", "--force", name], ["/bin/rm", "-f", cid_file(service)]]
+    return {"ExecStartPre": cleanup, "ExecStop": [stop], "ExecStopPost": cleanup}
 
 
 def _repeated(flag: str, values: Optional[Sequence[Any]]) -> List[str]:
