@@ -120,10 +120,16 @@ def test_a_command_that_is_no_run_command_is_refused():
         tokens.server_command(["/usr/bin/podman", "create", "img"], BIND1, "podman")
 
 
-def test_a_replicated_model_is_mounted_from_its_copy():
-    argv = ["/usr/bin/podman", "run", "--volume", "/srv/m.gguf:/models/m.gguf:ro", "img", "-m", "/models/m.gguf"]
-    assert replica.point_at_replicas(argv, {"/srv/m.gguf": "/var/lib/llama/node1/m.gguf"})[2:4] == [
-        "--volume", "/var/lib/llama/node1/m.gguf:/models/m.gguf:ro"]
+def test_a_replicated_model_is_mounted_from_its_copy_and_the_server_keeps_its_path_inside():
+    argv = ["/usr/bin/podman", "run", "--volume", "/srv/m.gguf:/srv/m.gguf:ro", "img", "-m", "/srv/m.gguf"]
+    assert replica.point_at_replicas(argv, {"/srv/m.gguf": "/var/lib/llama/node1/m.gguf"}, mounted=True) == [
+        "/usr/bin/podman", "run", "--volume", "/var/lib/llama/node1/m.gguf:/srv/m.gguf:ro", "img", "-m", "/srv/m.gguf"]
+
+
+def test_a_container_that_mounts_no_model_file_is_told_to_mount_it():
+    argv = ["/usr/bin/podman", "run", "--volume", "/srv:/srv:ro", "img", "-m", "/srv/m.gguf"]
+    with pytest.raises(NumaError, match="no volume's host side is the model path /srv/m.gguf.*mount the model file"):
+        replica.point_at_replicas(argv, {"/srv/m.gguf": "/var/lib/llama/node1/m.gguf"}, mounted=True)
 
 
 # --- the preflight: what a runtime cannot apply, before any change ---------------------------------------------

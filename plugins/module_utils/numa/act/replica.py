@@ -112,9 +112,10 @@ def ensure_replica(source: str, root: str, mem_nodes: Collection[int]) -> Tuple[
     return target, copied
 
 
-def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str]) -> List[str]:
-    """The server's arguments with each model path (alone, after ``=``, or as the host side of a container's
-    ``HOST:CONTAINER`` volume) replaced by its copy.
+def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str], mounted: bool = False) -> List[str]:
+    """The server's arguments with each model path (alone, or after ``=``) replaced by its copy; for a container
+    (``mounted``), only the host side of a ``HOST:CONTAINER`` volume: the server inside names the path it is
+    mounted at, and a host path there would not exist.
 
     A model the arguments never name is a mistake: the server would read the shared file.
     """
@@ -122,16 +123,19 @@ def point_at_replicas(argv: Sequence[str], replicas: Mapping[str, str]) -> List[
     for source, copy in replicas.items():
         found = False
         for index, arg in enumerate(result):
-            if arg == source:
+            if mounted:
+                if arg.startswith(source + ":"):
+                    result[index], found = copy + arg[len(source):], True
+            elif arg == source:
                 result[index], found = copy, True
             elif arg.endswith("=" + source):
                 result[index], found = arg[:-len(source)] + copy, True
-            elif arg.startswith(source + ":"):
-                result[index], found = copy + arg[len(source):], True
         if not found:
-            raise NumaError("page_cache replicate: no server argument is the model path %s, so the server would "
-                            "read the shared file: write the model's path in the command exactly as in "
-                            "--model (a service entry's model)" % source)
+            raise NumaError("page_cache replicate: no %s is the model path %s, so the server would read the shared "
+                            "file: %s" % ("volume's host side" if mounted else "server argument", source,
+                                          "mount the model file itself, as " + source + ":PATH-IN-CONTAINER"
+                                          if mounted else "write the model's path in the command exactly as in "
+                                          "--model (a service entry's model)"))
     return result
 
 

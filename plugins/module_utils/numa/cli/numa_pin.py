@@ -375,7 +375,8 @@ def run_exec(args: Args, server_argv: List[str]) -> int:
     if models and action == "replicate":
         action = "evict"  # of the copies; of the shared files if they cannot be made
         try:
-            models, argv, replicated = _replicate(models, argv, placement, args.replica_dir)
+            models, argv, replicated = _replicate(models, argv, placement, args.replica_dir,
+                                                  bool(args.container_runtime))
             notes.extend(replicated)
         except NumaError as exc:
             notes.append("page cache: NOT replicated, the server maps the shared model: %s" % exc)
@@ -508,9 +509,10 @@ def _page_cache_action(choice: Optional[str], policy: str) -> str:
     return "evict" if policy == "bind" else "warn"
 
 
-def _replicate(models: List[str], argv: List[str], placement: Plan,
-               replica_dir: Optional[str]) -> Tuple[List[str], List[str], List[str]]:
-    """(the copies, the server argv naming them, notes): one copy of each model per node set."""
+def _replicate(models: List[str], argv: List[str], placement: Plan, replica_dir: Optional[str],
+               mounted: bool) -> Tuple[List[str], List[str], List[str]]:
+    """(the copies, the server argv naming them (a container's volumes, when ``mounted``), notes): one copy of each
+    model per node set."""
     from ..act.replica import ensure_replica, point_at_replicas, replica_root
 
     root = replica_root(replica_dir)
@@ -520,7 +522,7 @@ def _replicate(models: List[str], argv: List[str], placement: Plan,
         copy, copied = ensure_replica(source, root, placement.mem_nodes)
         replicas[source] = copy
         notes.append("page cache: %s %s" % ("copied the model to" if copied else "the model's copy is", copy))
-    return list(replicas.values()), point_at_replicas(argv, replicas), notes
+    return list(replicas.values()), point_at_replicas(argv, replicas, mounted), notes
 
 
 def _replica_paths(models: List[str], placement: Plan, replica_dir: Optional[str]) -> Dict[str, Any]:
