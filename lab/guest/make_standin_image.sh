@@ -3,9 +3,11 @@
 # python3 (the binary, its stdlib without test dirs, lib-dynload and every shared library these load),
 # /etc/passwd and /etc/group. No registry, no network. Idempotent: prints "exists" and exits 0 when the image
 # is there, "created" after making it (a playbook's changed_when can test that word).
-# Usage: make_standin_image.sh [IMAGE]   (POSIX sh; run as root in the guest, which has podman)
+# Usage: make_standin_image.sh [IMAGE [PROGRAM...]]   (POSIX sh; run as root in the guest, which has podman)
+# Each PROGRAM (an ELF file, such as /opt/llama.cpp/bin/llama-server) goes in at its own path with its libraries.
 set -eu
 image=${1:-localhost/inferops-lab/standin:1}
+[ $# -gt 0 ] && shift
 if podman image exists "$image"; then
     echo exists
     exit 0
@@ -35,7 +37,10 @@ add() {
     echo etc/group
     echo etc/ld.so.cache
     echo tmp
-    for obj in "$py" $(find "$stdlib/lib-dynload" -name '*.so'); do
+    for program in "$@"; do
+        add "$program"
+    done
+    for obj in "$py" $(find "$stdlib/lib-dynload" -name '*.so') "$@"; do
         "$ldso" --list "$obj" 2>/dev/null | awk '{for (i = 1; i <= NF; i++) if ($i ~ /^\//) print $i}'
     done | sort -u | while read -r lib; do add "$lib"; done
 } | sort -u >"$list"

@@ -9,6 +9,7 @@ with the other topology and runs converge.yml again, as an operator would after 
 So tests hold in any order; in file order the guest switches once, at the end.
 """
 
+import functools
 import json
 import os
 import subprocess
@@ -47,6 +48,7 @@ def budget(reference_seconds: float) -> float:
 # build/reports/lab-checks.txt, the checks nearest their budget first, and `make test` quotes its top.
 CHECK_S = 30
 CHECK_BUDGETS = {
+    "test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_and_goes_back": 240,
     "test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_is_faster": 540,
     "test_a_pin_mode_systemd_change_rolled_back_restores_the_previous_affinity": 300,
     "test_a_bad_helper_is_stopped_at_the_canary_host": 300,
@@ -154,8 +156,8 @@ def share(pages: dict, node: int) -> float:
     return pages.get("N%d" % node, 0) / float(total) if total else 0.0
 
 
-def placement(host, unit: str) -> dict:
-    """Where the unit's main process runs and its pages are, read from the guest's /proc here.
+def placement(host, unit: str, pid=None) -> dict:
+    """Where the unit's main process (or its process ``pid``) runs and its pages are, read from the guest's /proc here.
 
     Deliberately not numa-pin's audit code: the lab checks our code with separate code.
     Returns pid, comm, cpus (Cpus_allowed_list), threads ({tid: its Cpus_allowed_list}, every thread of
@@ -164,7 +166,7 @@ def placement(host, unit: str) -> dict:
     mapping of a file the process maps executable: the server's binary and libraries, one copy per host wherever
     it was first read, so never the service's to place) and file (the rest: the model's page cache).
     """
-    pid = host.service(unit).systemd_properties["MainPID"]
+    pid = str(pid or host.service(unit).systemd_properties["MainPID"])
     assert pid not in ("", "0"), "%s has no main process" % unit
     status = host.file("/proc/%s/status" % pid).content_string
     cpus = next(line.split(":", 1)[1].strip() for line in status.splitlines()
@@ -224,6 +226,34 @@ def converge(*extra: str) -> None:
     subprocess.run([playbook, "-i", os.environ["MOLECULE_INVENTORY_FILE"],
                     os.path.join(SCENARIO_DIR, "converge.yml")] + list(extra),
                    check=True, timeout=budget(CONVERGE_S), cwd=PROJECT)
+
+
+# The variables converge.yml gave site.yml, which the checks that converge with one service changed start from.
+RUN_VARS = os.path.join(PROJECT, "build", "reports", "lab-run-vars.json")
+
+
+@functools.lru_cache(maxsize=None)
+def run_vars() -> str:
+    """RUN_VARS as converge.yml wrote them, read before any converge of a check changed them (every converge writes
+    them anew, with its changes in)."""
+    with open(RUN_VARS) as handle:
+        return handle.read()
+
+
+def service_entry(service: str, **changes) -> dict:
+    """The entry of ``service`` in RUN_VARS, with ``changes``."""
+    (entry,) = [entry for entry in json.loads(run_vars())["inference_service_list"] if entry["name"] == service]
+    return dict(entry, **changes)
+
+
+def changed_vars(tmp_path, step: str, service: str, **changes) -> str:
+    """``-e @FILE`` of RUN_VARS with one service's entry changed by ``changes``: the file's path."""
+    variables = json.loads(run_vars())
+    variables["inference_service_list"] = [service_entry(service, **changes) if entry["name"] == service else entry
+                                           for entry in variables["inference_service_list"]]
+    path = tmp_path / ("%s.json" % step)
+    path.write_text(json.dumps(variables))
+    return "@%s" % path
 
 
 def converge_failing(*extra: str) -> str:

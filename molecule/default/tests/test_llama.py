@@ -13,7 +13,6 @@ is asked for two, because the first comes from the prompt's pass and only the se
 as generation, which gives tokens/s for the report.
 """
 
-import functools
 import json
 import os
 import shlex
@@ -21,8 +20,8 @@ import statistics
 
 import pytest
 
-from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, converge, converge_failing,
-                      failed_task_result, journal, node_cpus, placement, share, wait_until)
+from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, changed_vars, converge, converge_failing,
+                      failed_task_result, journal, node_cpus, placement, service_entry, share, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -207,7 +206,6 @@ def test_weights_cached_on_the_other_node_stay_remote_without_evict_and_come_loc
 
 # --- a placement change: one instance at a time, and kept only where it is faster ---------------------------
 
-RUN_VARS = os.path.join(PROJECT, "build", "reports", "lab-run-vars.json")
 # Three rounds, never more: the emulated guest's rounds spread wider than the 5 % cap, and the gate would measure
 # up to max_rounds (15) each time; the changes here are far beyond any band (-80 %, +1700 %), and a TCG minute each.
 GATE = {"rounds": 3, "max_rounds": 3, "max_tokens": 6, "prompt": "Hi"}
@@ -227,29 +225,15 @@ with open("/run/lab-poll.log", "w", buffering=1) as out:
 """
 
 
-@functools.lru_cache(maxsize=None)
-def run_vars():
-    """The variables converge.yml gave site.yml, read before any converge here changed them (it writes them anew
-    at every run, with these changes in)."""
-    with open(RUN_VARS) as handle:
-        return handle.read()
-
-
 def converge_llama(tmp_path, name, **changes):
     """converge.yml with the llama service's entry changed by ``changes`` (the rest as converge.yml sets it)."""
-    variables = json.loads(run_vars())
-    for entry in variables["inference_service_list"]:
-        if entry["name"] == "llama":
-            entry.update(changes)
-    path = tmp_path / ("%s.json" % name)
-    path.write_text(json.dumps(variables))
-    converge("-e", "@%s" % path)
+    converge("-e", changed_vars(tmp_path, name, "llama", **changes))
 
 
 def squeezed():
     """The llama service's changes that make it slower: one CPU per instance (CPUs 1 and 3 reserved) and four
     threads on it (ggml's threads wait for each other spinning, so a CPU given four of them crawls)."""
-    (entry,) = [entry for entry in json.loads(run_vars())["inference_service_list"] if entry["name"] == "llama"]
+    entry = service_entry("llama")
     return {"reserve_cpus": "1,3", "command": ["4" if arg == "{threads}" else arg for arg in entry["command"]]}
 
 
@@ -344,18 +328,12 @@ PENDING = "/etc/inferops-numa/rollout.pending.json"
 
 
 def llama_entry(**changes):
-    (entry,) = [entry for entry in json.loads(run_vars())["inference_service_list"] if entry["name"] == "llama"]
-    return dict(entry, **changes)
+    return service_entry("llama", **changes)
 
 
 def converge_llama_failing(tmp_path, name, **changes):
     """converge_llama, expected to fail at the rollout; numa_rollout's result."""
-    variables = json.loads(run_vars())
-    variables["inference_service_list"] = [llama_entry(**changes) if entry["name"] == "llama" else entry
-                                           for entry in variables["inference_service_list"]]
-    path = tmp_path / ("%s.json" % name)
-    path.write_text(json.dumps(variables))
-    return failed_task_result(converge_failing("-e", "@%s" % path), ROLLOUT_TASK)
+    return failed_task_result(converge_failing("-e", changed_vars(tmp_path, name, "llama", **changes)), ROLLOUT_TASK)
 
 
 def test_a_crash_looping_server_fails_its_canary_in_seconds_with_its_journal_and_goes_back(host, tmp_path):

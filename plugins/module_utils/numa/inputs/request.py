@@ -101,8 +101,8 @@ OPTIONS = (
                             "numa-pin's binding (docs/engines.md)", default=GENERIC,
            # The table's keys, a live view: an engine whose record is added there is a choice everywhere.
            choices=ENGINES.keys()),
-    Option("container_runtime", "str", "the container runtime whose `run` command the server's argv is: the plan's cpuset, "
-                               "environment and GPUs are put after its `run` (docs/containers.md)",
+    Option("container_runtime", "str", "the container runtime whose `run` command the server's argv is: the plan's "
+                                       "cpuset, environment and GPUs are put after its `run` (docs/containers.md)",
            choices=CONTAINER_RUNTIMES.keys(), stage=START),
 )
 BY_NAME = {option.name: option for option in OPTIONS}

@@ -657,8 +657,8 @@ def instance_pids(root: str, unit: str, props: Mapping[str, str], plan: Optional
     pids = unit_pids(root, props)
     if (plan or {}).get("container") != "docker":
         return pids
-    service, _, rest = unit.partition("@")
-    return sorted(set(pids) | set(container_pids(root, cid_file(service, rest.rpartition(".")[0]))))
+    service, instance = unit.rpartition(".")[0].split("@", 1)
+    return sorted(set(pids) | set(container_pids(root, cid_file(service, instance))))
 
 
 def audit_props(root: str, unit: str, props: Mapping[str, str], warnings: List[str],

@@ -1,0 +1,120 @@
+"""Servers in podman containers in the dual-socket lab guest (docs/containers.md).
+
+converge.yml deploys llama-box, llama-server from the stand-in image (made offline from the guest's own files by
+lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the model, its first
+deployment gated unbound against bound; and box-big, a stand-in whose request fits no single node, interleaved.
+Each container's server is found from the host through its unit's cgroup (podman keeps it there) and read by the
+lab's own parser (conftest.placement), never by numa-pin's audit, which is checked here as well.
+"""
+
+import json
+import shlex
+
+import pytest
+
+from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, changed_vars, converge, journal, node_cpus, placement,
+                      service_entry, share, wait_active, wait_until)
+
+pytestmark = pytest.mark.usefixtures("two_nodes")
+
+BOXES = {"llama-box@0.service": (8130, 0), "llama-box@1.service": (8131, 1)}
+BIG = ("box-big@0.service", 8132)
+READY_S = 30              # llama-server in its container from start to /health ok
+
+
+def container_server(host, unit, comm):
+    """The PID of the container's server (named ``comm``), found from the host: the unit's cgroup holds podman,
+    conmon and the container's processes (--cgroups=split)."""
+    group = host.service(unit).systemd_properties["ControlGroup"]
+    listed = host.run("for pid in $(cat $(find %s -name cgroup.procs)); do echo $pid $(cat /proc/$pid/comm); done"
+                      % shlex.quote("/sys/fs/cgroup" + group)).stdout.split("\n")
+    found = [line.split()[0] for line in listed if line.split()[1:] == [comm]]
+    assert len(found) == 1, "%s: %s in its cgroup %s: %s" % (unit, comm, group, listed)
+    return int(found[0])
+
+
+def plan_of(host, unit):
+    return json.loads(host.file("/etc/inferops-numa/%s.plan.json" % unit.replace(".service", "")).content_string)
+
+
+def test_each_containerized_server_runs_on_its_node_with_its_model_copy_there(host):
+    wait_active(host, sorted(BOXES))
+    for unit, (port, node) in sorted(BOXES.items()):
+        wait_until(lambda: host.run("curl -sf -o /dev/null --max-time 10 http://127.0.0.1:%d/health" % port).rc == 0,
+                   READY_S, "%s ready" % unit)
+        pid = container_server(host, unit, "llama-server")
+        where = placement(host, unit, pid)
+        assert where["cpus"] == node_cpus(host, node), where
+        assert set(where["threads"].values()) == {node_cpus(host, node)}, where["threads"]
+        assert share(where["anon"], node) >= 0.99 and share(where["file"], node) >= 0.99, where
+        # The container maps its node's copy at the path the server was given (the host's copy under the state dir).
+        assert "copied the model to /var/lib/llama-box/node%d/" % node in journal(host, unit) \
+            or "the model's copy is /var/lib/llama-box/node%d/" % node in journal(host, unit)
+        assert "/models/model.gguf" in host.file("/proc/%d/maps" % pid).content_string
+
+
+def test_an_oversized_container_interleaves_its_pages_over_both_nodes(host):
+    unit, port = BIG
+    wait_active(host, [unit])
+    assert (plan_of(host, unit)["policy"], plan_of(host, unit)["mem_nodes"]) == ("interleave", [0, 1])
+    where = placement(host, unit, container_server(host, unit, "python3"))
+    assert "interleave:0-1" in where["policies"], where["policies"]
+    assert share(where["anon"], 0) >= INTERLEAVED_MIN_SHARE and share(where["anon"], 1) >= INTERLEAVED_MIN_SHARE, where
+    assert where["cpus"] == "0-3"
+
+
+def test_the_audit_finds_a_containers_processes_and_fails_them_against_the_other_nodes_plan(host):
+    unit = "llama-box@0.service"
+    pid = container_server(host, unit, "llama-server")
+    right = host.run("%s audit --unit %s --plan-file /etc/inferops-numa/llama-box@0.plan.json" % (NUMA_PIN, unit))
+    assert right.rc == 0, right.stdout + right.stderr
+    assert pid in [process["pid"] for process in json.loads(right.stdout)["processes"]]
+    wrong = host.run("%s audit --unit %s --plan-file /etc/inferops-numa/llama-box@1.plan.json" % (NUMA_PIN, unit))
+    assert wrong.rc == 1, wrong.stdout + wrong.stderr
+    assert json.loads(wrong.stdout)["ok"] is False
+
+
+def test_the_first_deployment_of_a_container_service_was_measured_unbound_against_bound(host):
+    verdicts = json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
+    for unit in BOXES:
+        assert verdicts[unit]["baseline"] == "unbound" and verdicts[unit]["kept"], verdicts.get(unit)
+        assert "A/B gate baseline: affinity and memory policy NOT set" in journal(host, unit)
+
+
+# Every half second, whether each of the pair answers /health.
+POLLER = """
+import time, urllib.request
+with open("/run/box-poll.log", "w", buffering=1) as out:
+    while True:
+        seen = []
+        for port in (8130, 8131):
+            try:
+                seen.append(int(urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2).status == 200))
+            except Exception:
+                seen.append(0)
+        out.write("%d %d\\n" % (seen[0], seen[1]))
+        time.sleep(0.5)
+"""
+
+
+def test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_and_goes_back(host, tmp_path):
+    """Each container squeezed onto one CPU with four threads, gated: the instances restart one at a time, the gate
+    measures them slower and the change goes back; never both down."""
+    before = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
+    host.run("systemctl stop box-poll.service; systemctl reset-failed box-poll.service")
+    started = host.run("systemd-run --unit=box-poll python3 -c %s" % shlex.quote(POLLER))
+    assert started.rc == 0, started.stderr
+    try:
+        command = ["4" if arg == "{threads}" else arg for arg in service_entry("llama-box")["command"]]
+        converge("-e", changed_vars(tmp_path, "squeezed", "llama-box", reserve_cpus="1,3", command=command))
+    finally:
+        host.run("systemctl stop box-poll.service")
+    verdicts = json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
+    assert [verdicts[unit]["kept"] for unit in BOXES if verdicts[unit].get("baseline") != "unbound"] == [False]
+    polls = [line.split() for line in host.file("/run/box-poll.log").content_string.splitlines() if line.strip()]
+    assert ["0", "0"] not in polls, "both containers down at once"
+    assert ["0", "1"] in polls, "the first container never restarted"
+    after = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
+    assert after["llama-box@0.service"] != before["llama-box@0.service"]
+    for unit, (_port, node) in BOXES.items():
+        assert placement(host, unit, container_server(host, unit, "llama-server"))["cpus"] == node_cpus(host, node)
