@@ -43,20 +43,30 @@ OWN_OPTIONS = ("--cpuset-cpus", "--cpuset-mems", "--cgroups", "--cgroup-parent",
 
 
 class Runtime:
-    """One container runtime: its program, the run options every service gets, the policies it can apply, whether
-    numa-pin's own affinity and policy reach the container, and the unit settings its ``run`` needs."""
+    """One container runtime: its program and the ``run`` options every service gets; whether a daemon starts its
+    containers (then nothing numa-pin sets reaches them, only the cgroup cpuset binds, and their cgroup is their own,
+    found by the id file); the flags it has for a missing container and a registry's credentials; the unit type and
+    settings its ``run`` needs."""
 
-    __slots__ = ("name", "program", "run_options", "policies", "inherits", "unit_type", "unit_settings")
+    __slots__ = ("name", "program", "run_options", "daemon", "ignore_missing", "auth_flag", "unit_type",
+                 "unit_settings")
 
-    def __init__(self, name: str, program: str, run_options: Tuple[str, ...], policies: Tuple[str, ...],
-                 inherits: bool, unit_type: str, unit_settings: Mapping[str, str]) -> None:
+    def __init__(self, name: str, program: str, run_options: Tuple[str, ...], daemon: bool,
+                 ignore_missing: Tuple[str, ...], auth_flag: Optional[str], unit_type: str,
+                 unit_settings: Mapping[str, str]) -> None:
         self.name = name
         self.program = program
         self.run_options = run_options
-        self.policies = policies
-        self.inherits = inherits
+        self.daemon = daemon
+        self.ignore_missing = ignore_missing
+        self.auth_flag = auth_flag
         self.unit_type = unit_type
         self.unit_settings = dict(unit_settings)
+
+    @property
+    def policies(self) -> Tuple[str, ...]:
+        """The memory policies it applies: every one where numa-pin's own reaches the container, else the cpuset's."""
+        return ("bind",) if self.daemon else ALL_POLICIES
 
 
 RUNTIMES = {
@@ -66,9 +76,9 @@ RUNTIMES = {
         # --cgroups=split leaves the unit's own cgroup to podman, so ExecStop='s podman needs Delegate=yes (else
         # 219/CGROUP, measured in the lab).
         Runtime("podman", "/usr/bin/podman", ("--rm", "--replace", "--cgroups=split", "--sdnotify=conmon"),
-                ALL_POLICIES, True, "notify", {"NotifyAccess": "all", "Delegate": "yes"}),
+                False, ("--ignore",), "--authfile", "notify", {"NotifyAccess": "all", "Delegate": "yes"}),
         # The client stays attached; a container left by a crash of the client is removed before the next start.
-        Runtime("docker", "/usr/bin/docker", ("--rm",), ("bind",), False, "exec", {}),
+        Runtime("docker", "/usr/bin/docker", ("--rm",), True, (), None, "exec", {}),
     )
 }
 
@@ -106,10 +116,10 @@ def run_argv(spec: Mapping[str, Any], service: str, command: Sequence[str], env_
     argv += ["--name", container_name(service), "--network", spec.get("network") or "host"]
     argv += _repeated("--volume", spec.get("volumes")) + _repeated("--device", spec.get("devices"))
     argv += _repeated("--env", env_names)
-    if chosen.name == "docker":  # podman keeps the container in the unit's cgroup; docker's is found by its id
+    if chosen.daemon:  # the container's cgroup is the daemon's, found by its id
         argv += ["--cidfile", cid_file(service)]
-    if spec.get("auth_file"):
-        argv += ["--authfile", spec["auth_file"]] if chosen.name == "podman" else []
+    if spec.get("auth_file") and chosen.auth_flag:
+        argv += [chosen.auth_flag, spec["auth_file"]]
     if spec.get("pull"):
         argv += ["--pull", spec["pull"]]
     return argv + options + [spec["image"]] + list(command)
@@ -120,16 +130,16 @@ def unit_commands(spec: Mapping[str, Any], service: str, stop_seconds: Optional[
     ``ExecStop``, ``ExecStopPost``; systemd ignores their failures): the container stopped by its runtime (SIGTERM,
     then SIGKILL after ``stop_seconds``, default the runtimes' 10: a server running as the container's PID 1 has no
     default SIGTERM handler), then removed, with docker's id file, so a container a crash left never holds the
-    name; podman's ``--replace`` does that before a start."""
+    name; a runtime without a daemon (podman) does that before a start itself (``--replace``)."""
     chosen = runtime(spec.get("runtime") or "podman")
     program = spec.get("program") or chosen.program
     name = container_name(service)
-    stop = [program, "stop", "--time", str(stop_seconds or DEFAULT_STOP_SECONDS), name]
-    if chosen.name == "podman":
-        return {"ExecStop": [stop[:2] + ["--ignore"] + stop[2:]],
-                "ExecStopPost": [[program, "rm", "--force", "--ignore", name]]}
-    cleanup = [[program, "rm", "--force", name], ["/bin/rm", "-f", cid_file(service)]]
-    return {"ExecStartPre": cleanup, "ExecStop": [stop], "ExecStopPost": cleanup}
+    stop = [program, "stop"] + list(chosen.ignore_missing) + ["--time", str(stop_seconds or DEFAULT_STOP_SECONDS), name]
+    remove = [[program, "rm", "--force"] + list(chosen.ignore_missing) + [name]]
+    if not chosen.daemon:
+        return {"ExecStop": [stop], "ExecStopPost": remove}
+    remove.append(["/bin/rm", "-f", cid_file(service)])
+    return {"ExecStartPre": remove, "ExecStop": [stop], "ExecStopPost": remove}
 
 
 def _repeated(flag: str, values: Optional[Sequence[Any]]) -> List[str]:
