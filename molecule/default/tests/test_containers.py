@@ -1,8 +1,9 @@
 """Servers in podman containers in the dual-socket lab guest (docs/containers.md).
 
 converge.yml deploys llama-box, llama-server from the stand-in image (made offline from the guest's own files by
-lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the model, its first
-deployment gated unbound against bound; and box-big, a stand-in whose request fits no single node, interleaved.
+lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the model (gated here: its
+first deployment unbound against bound, then a slower change); and box-big, a stand-in whose request fits no single
+node, interleaved.
 Each container's server is found from the host through its unit's cgroup (podman keeps it there) and read by the
 lab's own parser (conftest.placement), never by numa-pin's audit, which is checked here as well.
 """
@@ -20,6 +21,8 @@ pytestmark = pytest.mark.usefixtures("two_nodes")
 BOXES = {"llama-box@0.service": (8130, 0), "llama-box@1.service": (8131, 1)}
 BIG = ("box-big@0.service", 8132)
 READY_S = 30              # llama-server in its container from start to /health ok
+# As tests/test_llama.py gates llama: three rounds, never more (a TCG minute each), the changes far beyond any band.
+GATE = {"rounds": 3, "max_rounds": 3, "max_tokens": 6, "prompt": "Hi"}
 
 
 def container_server(host, unit, comm):
@@ -74,13 +77,6 @@ def test_the_audit_finds_a_containers_processes_and_fails_them_against_the_other
     assert json.loads(wrong.stdout)["ok"] is False
 
 
-def test_the_first_deployment_of_a_container_service_was_measured_unbound_against_bound(host):
-    verdicts = json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
-    for unit in BOXES:
-        assert verdicts[unit]["baseline"] == "unbound" and verdicts[unit]["kept"], verdicts.get(unit)
-        assert "A/B gate baseline: affinity and memory policy NOT set" in journal(host, unit)
-
-
 # Every half second, whether each of the pair answers /health.
 POLLER = """
 import time, urllib.request
@@ -97,24 +93,39 @@ with open("/run/box-poll.log", "w", buffering=1) as out:
 """
 
 
-def test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_and_goes_back(host, tmp_path):
-    """Each container squeezed onto one CPU with four threads, gated: the instances restart one at a time, the gate
-    measures them slower and the change goes back; never both down."""
+def verdicts(host):
+    return json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
+
+
+def test_a_gated_container_service_is_measured_unbound_first_then_a_slower_change_goes_back(host, tmp_path):
+    """The pair forgotten (stopped, plan records gone), so the next deployment is their first: each measured unbound
+    (no cpuset, no policy) against bound, and kept. Then each container squeezed onto one CPU with four threads, gated:
+    the first restarts, measures slower, and the change goes back; the two are never down together."""
+    forgot = host.run("systemctl stop %s && rm -f /etc/inferops-numa/llama-box@*.plan.json*" % " ".join(sorted(BOXES)))
+    assert forgot.rc == 0, forgot.stderr
+    since = host.run("date +%s").stdout.strip()
+    converge("-e", changed_vars(tmp_path, "first", "llama-box", ab_gate=GATE))
+    first = verdicts(host)
+    for unit, (_port, node) in BOXES.items():
+        assert first[unit]["baseline"] == "unbound" and first[unit]["kept"], first.get(unit)
+        printed = host.run("journalctl -q -o cat -u %s --since @%s" % (unit, since)).stdout
+        assert "A/B gate baseline: affinity and memory policy NOT set" in printed, printed[-2000:]
+        assert placement(host, unit, container_server(host, unit, "llama-server"))["cpus"] == node_cpus(host, node)
     before = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
     host.run("systemctl stop box-poll.service; systemctl reset-failed box-poll.service")
     started = host.run("systemd-run --unit=box-poll python3 -c %s" % shlex.quote(POLLER))
     assert started.rc == 0, started.stderr
     try:
         command = ["4" if arg == "{threads}" else arg for arg in service_entry("llama-box")["command"]]
-        converge("-e", changed_vars(tmp_path, "squeezed", "llama-box", reserve_cpus="1,3", command=command))
+        converge("-e", changed_vars(tmp_path, "squeezed", "llama-box", ab_gate=GATE, reserve_cpus="1,3",
+                                    command=command))
     finally:
         host.run("systemctl stop box-poll.service")
-    verdicts = json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
-    assert [verdicts[unit]["kept"] for unit in BOXES if verdicts[unit].get("baseline") != "unbound"] == [False]
+    squeezed = verdicts(host)
+    assert squeezed["llama-box@0.service"]["kept"] is False, squeezed["llama-box@0.service"]
     polls = [line.split() for line in host.file("/run/box-poll.log").content_string.splitlines() if line.strip()]
     assert ["0", "0"] not in polls, "both containers down at once"
     assert ["0", "1"] in polls, "the first container never restarted"
-    after = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
-    assert after["llama-box@0.service"] != before["llama-box@0.service"]
+    assert host.service("llama-box@0.service").systemd_properties["InvocationID"] != before["llama-box@0.service"]
     for unit, (_port, node) in BOXES.items():
         assert placement(host, unit, container_server(host, unit, "llama-server"))["cpus"] == node_cpus(host, node)
