@@ -210,3 +210,13 @@ def test_a_container_that_is_not_running_is_named(tmp_path):
     with pytest.raises(NumaError, match="no cgroup holds the container 0123456789ab"):
         systemctl.container_pids(str(tmp_path), "/run/inferops-numa-vllm-1.cid")
     assert audit.instance_pids(str(tmp_path), "vllm@1.service", {"MainPID": "7"}, BIND1) == [7]
+
+
+def test_the_metrics_read_a_docker_instances_runtime_from_its_record_and_refuse_another():
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import records
+
+    written = dict(BIND1, container="docker")
+    assert records.plan_problem(written) == ""
+    assert records.plan_fields(written)["container"] == "docker"
+    assert "container 'lxc' is none of the runtimes" in records.plan_problem(dict(BIND1, container="lxc"))
+    assert "container" not in records.plan_fields(BIND1)

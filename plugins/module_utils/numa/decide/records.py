@@ -14,6 +14,7 @@ Pure: names and shapes only, so the planner's layer (decide/rollout) can use the
 import re
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
+from ..base.containers import RUNTIMES
 from ..base.cpulist import MAX_CPUS, MAX_NODES, parse_cpulist
 from ..base.errors import NumaError, shown
 
@@ -126,10 +127,12 @@ def plan_record_unit(name: str, plan_dir: str) -> Tuple[str, int]:
 
 def plan_problem(written: Mapping[str, Any]) -> str:
     """Why the fields of a plan record that the metrics show and the audit compares with are not of the types the
-    role writes, in range (a policy name, node and CPU ids, a cpu list): the first that is not; "" when all are."""
+    role writes, in range (a policy name, node and CPU ids, a cpu list, a container runtime): the first that is not;
+    "" when all are."""
     policy, mem_nodes, cpus, cpulist = (written.get(key) for key in ("policy", "mem_nodes", "cpus", "cpulist"))
     return (_policy_problem(policy) or _ids_problem("mem_nodes", mem_nodes, MAX_NODES)
-            or _ids_problem("cpus", cpus, MAX_CPUS) or _cpulist_problem(cpulist))
+            or _ids_problem("cpus", cpus, MAX_CPUS) or _cpulist_problem(cpulist)
+            or _container_problem(written.get("container")))
 
 
 def plan_fields(written: Mapping[str, Any]) -> Dict[str, Any]:
@@ -138,6 +141,8 @@ def plan_fields(written: Mapping[str, Any]) -> Dict[str, Any]:
               "cpulist": written.get("cpulist") or ""}
     if written.get("cpus"):
         fields["cpus"] = sorted(set(written["cpus"]))
+    if written.get("container"):  # the audit finds a daemon-started container's processes by it
+        fields["container"] = written["container"]
     return fields
 
 
@@ -145,6 +150,12 @@ def _policy_problem(policy: Any) -> str:
     if policy in (None, "") or (isinstance(policy, str) and _POLICY.fullmatch(policy)):
         return ""
     return "policy %s is not a policy name like bind" % shown(policy)
+
+
+def _container_problem(runtime: Any) -> str:
+    if runtime is None or runtime in RUNTIMES:
+        return ""
+    return "container %s is none of the runtimes %s" % (shown(runtime), ", ".join(RUNTIMES))
 
 
 def _ids_problem(field: str, ids: Any, limit: int) -> str:
