@@ -49,6 +49,7 @@ def budget(reference_seconds: float) -> float:
 CHECK_S = 30
 CHECK_BUDGETS = {
     "test_a_gated_container_service_is_measured_unbound_first_then_a_slower_change_goes_back": 420,
+    "test_docker_binds_a_container_by_its_cgroup_cpuset_and_the_audit_finds_it_by_its_id": 90,
     "test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_is_faster": 540,
     "test_a_pin_mode_systemd_change_rolled_back_restores_the_previous_affinity": 300,
     "test_a_bad_helper_is_stopped_at_the_canary_host": 300,

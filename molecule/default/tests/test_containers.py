@@ -129,3 +129,49 @@ def test_a_gated_container_service_is_measured_unbound_first_then_a_slower_chang
     assert host.service("llama-box@0.service").systemd_properties["InvocationID"] != before["llama-box@0.service"]
     for unit, (_port, node) in BOXES.items():
         assert placement(host, unit, container_server(host, unit, "llama-server"))["cpus"] == node_cpus(host, node)
+
+
+# --- docker: the daemon starts the container, so only its cgroup cpuset binds it -------------------------------
+
+DOCKER_UNIT = "box-docker@0.service"
+DOCKER_PLAN = "/run/box-docker@0.plan.json"
+DOCKER_RUN = ("docker run --rm --name box-docker-0 --network host --cidfile /run/inferops-numa-box-docker-0.cid "
+              "--volume /usr/local/lib/inferops-lab:/usr/local/lib/inferops-lab:ro localhost/inferops-lab/standin:1 "
+              "python3 /usr/local/lib/inferops-lab/weights_server.py --port 8134 --weights-mb 32")
+
+
+def test_docker_binds_a_container_by_its_cgroup_cpuset_and_the_audit_finds_it_by_its_id(host):
+    """dockerd (in the image, not started at boot) runs the stand-in image under numa-pin exec --container-runtime
+    docker, as the role's unit does: the container's server, which the daemon starts outside the unit, is on node
+    1's CPUs with its pages there (the lab's parser), numa-pin's audit finds it by the id file and passes it, and an
+    interleaved plan is refused before docker is asked."""
+    started = host.run("systemctl start docker.service && (podman save localhost/inferops-lab/standin:1 "
+                       "| docker load -q)")
+    assert started.rc == 0, started.stdout + started.stderr
+    own = "--node 1 --gpus none --model-size 32M --memory-headroom 16M --container-runtime docker"
+    try:
+        planned = host.run("%s explain %s > %s" % (NUMA_PIN, own.replace(" --container-runtime docker", ""),
+                                                   DOCKER_PLAN))
+        assert planned.rc == 0, planned.stderr
+        host.run("python3 -c %s" % shlex.quote(
+            "import json; p = json.load(open(%r)); p['container'] = 'docker'; json.dump(p, open(%r, 'w'))"
+            % (DOCKER_PLAN, DOCKER_PLAN)))
+        unit = host.run("systemd-run --unit=%s -p Type=exec %s exec %s -- %s"
+                        % (DOCKER_UNIT, NUMA_PIN, own, DOCKER_RUN))
+        assert unit.rc == 0, unit.stderr
+        wait_until(lambda: host.run("curl -sf -o /dev/null --max-time 10 http://127.0.0.1:8134/health").rc == 0,
+                   READY_S, "the docker container's stand-in ready")
+        pid = int(host.run("docker inspect --format '{{.State.Pid}}' box-docker-0").stdout.strip())
+        where = placement(host, DOCKER_UNIT, pid)
+        assert where["cpus"] == node_cpus(host, 1) and share(where["anon"], 1) >= 0.99, where
+        audited = host.run("%s audit --unit %s --plan-file %s --pages anon" % (NUMA_PIN, DOCKER_UNIT, DOCKER_PLAN))
+        assert audited.rc == 0, audited.stdout + audited.stderr
+        assert pid in [process["pid"] for process in json.loads(audited.stdout)["processes"]]
+        refused = host.run("%s exec --node 0 --gpus none --policy interleave --container-runtime docker -- %s"
+                           % (NUMA_PIN, DOCKER_RUN.replace("box-docker-0", "box-docker-refused")))
+        assert refused.rc == 2 and "container runtime docker applies only a cgroup cpuset" in refused.stderr, \
+            refused.stderr
+    finally:
+        host.run("systemctl stop %s; docker rm --force box-docker-0; rm -f %s /run/inferops-numa-box-docker-0.cid; "
+                 "systemctl reset-failed %s; systemctl stop docker.socket docker.service containerd.service"
+                 % (DOCKER_UNIT, DOCKER_PLAN, DOCKER_UNIT))
