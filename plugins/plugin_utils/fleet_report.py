@@ -92,6 +92,7 @@ def _instance_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
             "minimum": "%g %%" % _or(entry.get("min_local_percent"), DEFAULT_SETTINGS["min_local_percent"]),
             "drift": bool(entry.get("drift")),
             "affinity": {True: "yes", False: "NO", None: "-"}[entry.get("affinity_match")],
+            "off_plan": _ratio(entry.get("off_plan_thread_ratio")),
             "gain": _gain(entry.get("ab_gate")), "message": entry.get("message") or ""}
 
 

@@ -194,7 +194,7 @@ METRICS_RESULT = mapping({
         "up": boolean(null=True), "state": text(256, null=True),
         "local_ratio": mapping({"anon": _RATIO, "file": _RATIO, "judged": _RATIO}, null=True),
         "min_local_percent": number(0, 100, null=True), "drift": boolean(null=True),
-        "affinity_match": boolean(null=True), "message": text(null=True),
+        "affinity_match": boolean(null=True), "off_plan_thread_ratio": _RATIO, "message": text(null=True),
         "ab_gate": mapping({"kept": boolean(), "gain_percent": number(-1e6, 1e6, null=True)}, null=True),
     })),
     "planned": items(mapping({

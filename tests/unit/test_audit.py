@@ -209,6 +209,21 @@ def test_thread_allowed_outside_its_cpus_fails(tmp_path):
     assert "last on CPU 0" in report["msg"]
 
 
+def test_threads_last_seen_off_the_plans_cpus_are_counted_and_the_metrics_share_is_theirs(tmp_path):
+    """Of four threads one last ran on CPU 0 (its mask too wide, as a straggler's is) and one on CPU 1 within a mask
+    of the plan's CPUs (a race after its mask was narrowed): two of four off the plan; none without a plan."""
+    from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import metrics
+
+    maps = "7f00 bind:1 anon=10 N1=10 kernelpagesize_kB=4\n"
+    write_process(tmp_path, 4242, maps, [(4242, "2-3", 2), (4250, "0-3", 0), (4251, "2-3", 1), (4252, "2-3", 3)])
+    report = audit.audit_pids(str(tmp_path), [4242], BIND1, page_size=PAGE)
+    assert report["processes"][0]["threads_off_plan"] == 2
+    assert metrics.off_plan_ratio(report["processes"]) == 0.5
+    unplanned = audit.audit_pids(str(tmp_path), [4242], None, page_size=PAGE)
+    assert unplanned["processes"][0]["threads_off_plan"] is None
+    assert metrics.off_plan_ratio(unplanned["processes"]) is None
+
+
 def test_preferred_plan_reports_without_failing(tmp_path):
     write_process(tmp_path, 4242, TRAPPED_MAPS, [(4242, "2-3", 2)])
     report = audit.audit_pids(str(tmp_path), [4242], dict(BIND1, policy="preferred"), page_size=PAGE)

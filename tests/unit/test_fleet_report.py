@@ -100,7 +100,7 @@ def result(balancing=0, drift=False, gate=None):
     instance = {"unit": "llama@1.service", "policy": "bind", "nodes": "1", "cpulist": "2-3", "up": True,
                 "local_ratio": {"anon": 1.0, "file": 0.5 if drift else 1.0, "judged": 0.9 if drift else 1.0},
                 "min_local_percent": 99.0, "drift": drift, "affinity_match": not drift, "message": "ok",
-                "ab_gate": gate}
+                "ab_gate": gate, "off_plan_thread_ratio": 0.25 if drift else 0.0}
     return {"host": {"numa_balancing": balancing, "node_count": 2, "cpu_count": 4, "gpu_count": 1,
                      "nodes": [{"id": 0, "memory_free_bytes": 2 << 30}, {"id": 1, "memory_free_bytes": 1 << 30}]},
             "topology": {"nodes": [{"id": 0, "cpus": 2, "cpulist": "0-1", "memory_total_bytes": 4 << 30, "gpus": []},
@@ -158,8 +158,10 @@ def test_both_pages_show_the_hosts_their_nodes_services_and_warnings():
     assert "| `llama@1.service` | up | bind | 1 | 2-3 | 100.00 % | 50.00 % | 90.00 % | 99 % | DRIFT | NO |" in markdown
     assert "| `llama@0.service` | bind | 0 | 0-1 | 2 | `-` | 8080 |" in markdown
     # The measured gain column: the A/B gate's verdict where one measured, "-" elsewhere.
-    assert "| 100.00 % | 100.00 % | 100.00 % | 99 % | no | yes | `+65.1 %, kept` |" in markdown
-    assert "| DRIFT | NO | `-` |" in markdown and "+65.1 %, kept</td>" in html
+    assert "| 100.00 % | 100.00 % | 100.00 % | 99 % | no | yes | 0.00 % | `+65.1 %, kept` |" in markdown
+    # The threads off plan column: one straggler of four shows though every thread may run only on the plan's CPUs.
+    assert "| DRIFT | NO | 25.00 % | `-` |" in markdown and "+65.1 %, kept</td>" in html
+    assert '<td class="n">25.00 %</td>' in html
     assert "| 1 | 2 | 2-3 | 4.0 | 1.0 | `0000:81:00.0` |" in markdown
     assert "- **gone**: `unreachable: Failed to connect to the host`" in markdown
     assert "<script>" not in html and "&lt;script&gt;" in html and 'class="bad">DRIFT' in html

@@ -322,6 +322,14 @@ def _outside(thread: Mapping[str, Any], cpus: List[int]) -> bool:
     return thread["last_cpu"] is not None and thread["last_cpu"] not in cpus
 
 
+def _off_plan(threads: List[Mapping[str, Any]], expect: Optional[Expectation]) -> Optional[int]:
+    """How many of the threads last ran on a CPU outside the plan's (field 39 of their stat): one straggler shows
+    here even where every thread may run only on the plan's CPUs. None without a plan's CPUs to compare with."""
+    if not (expect and expect.cpus):
+        return None
+    return sum(1 for thread in threads if thread["last_cpu"] is not None and thread["last_cpu"] not in expect.cpus)
+
+
 def _percent(part: int, whole: int) -> Optional[float]:
     if whole <= 0:
         return None
@@ -401,7 +409,8 @@ def _process_out(raw: Dict[str, Any], expect: Optional[Expectation], page_size: 
     outside = [t for t in raw["threads"] if expect and expect.cpus and _outside(t, expect.cpus)]
     result = {"pid": raw["pid"], "name": raw["name"], "cpus_allowed": raw["cpus_allowed"],
               "mems_allowed": raw["mems_allowed"], "thread_count": len(raw["threads"]),
-              "threads_outside": outside, "policies": raw["policies"],
+              "threads_outside": outside, "threads_off_plan": _off_plan(raw["threads"], expect),
+              "policies": raw["policies"],
               "nodes": _nodes_out(nodes, page_size),
               "resident_bytes": _resident(nodes), "without_memory": raw["without_memory"]}
     if expect is not None:

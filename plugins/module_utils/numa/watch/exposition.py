@@ -117,6 +117,8 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
     remote = Family("instance_remote_bytes", "gauge", "Resident anon or file memory of the instance off its plan's nodes.")
     affinity = Family("instance_affinity_match", "gauge",
                       "1 when every thread of the instance may run only on its plan's CPUs and last ran on one.")
+    off_plan = Family("instance_threads_off_plan_ratio", "gauge",
+                      "Share of the instance's threads last seen on a CPU outside its plan (/proc/<pid>/task/*/stat).")
     age = Family("instance_plan_age_seconds", "gauge", "Seconds since the instance's plan record was written.")
     taken = Family("instance_drift_actions_total", "counter", "Drift actions (evict, restart) taken on the instance.")
     gain = Family("instance_ab_gain_ratio", "gauge",
@@ -154,6 +156,7 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         judged.add(dict(labels, pages=entry["pages"]), entry["local_ratio"]["judged"])
         drift.add(labels, entry["drift"])
         affinity.add(labels, entry["affinity_match"])
+        off_plan.add(labels, entry.get("off_plan_thread_ratio"))
         for node, ratio in sorted((entry.get("interleave_ratio") or {}).items()):
             split.add(dict(labels, node=node), ratio)
         for node, ratio in sorted((entry.get("interleave_weight_ratio") or {}).items()):
@@ -161,8 +164,8 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         counted = entry.get("memory_bandwidth") or {}
         local_traffic.add(labels, counted.get("local_bytes"))
         all_traffic.add(labels, counted.get("total_bytes"))
-    return [up, local, judged, minimum, drift, resident, remote, affinity, age, taken, gain, kept, split, weight,
-            local_traffic, all_traffic]
+    return [up, local, judged, minimum, drift, resident, remote, affinity, off_plan, age, taken, gain, kept, split,
+            weight, local_traffic, all_traffic]
 
 
 # --- files written as root -------------------------------------------------------------------------

@@ -238,7 +238,7 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
              "local_ratio": {"anon": None, "file": None, "judged": None},
              "interleave_ratio": {}, "interleave_weight_ratio": {},
              "resident_bytes": {"anon": None, "file": None}, "remote_bytes": {"anon": None, "file": None},
-             "affinity_match": None, "drift": False, "remote_nodes": {}, "message": "",
+             "affinity_match": None, "off_plan_thread_ratio": None, "drift": False, "remote_nodes": {}, "message": "",
              "ab_gate": record.get("ab_gate"), "main_pid": _main_pid(props), "memory_bandwidth": None}
     if entry["state"] != "active" or not entry["main_pid"]:
         entry["message"] = "%s is not running (ActiveState=%s)" % (record["unit"], entry["state"])
@@ -289,10 +289,20 @@ def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
     entry["pids"] = [process["pid"] for process in report["processes"]]
     entry["up"] = True
     entry["affinity_match"] = not any(process["threads_outside"] for process in report["processes"])
+    entry["off_plan_thread_ratio"] = off_plan_ratio(report["processes"])
     judged = report.get("local_percent")
     entry["drift"] = bool(entry["judged"] and entry["policy"] in judging.ENFORCED_POLICIES and judged is not None
                           and judged < entry["min_local_percent"])
     entry["message"] = report["msg"]
+
+
+def off_plan_ratio(processes: Sequence[Mapping[str, Any]]) -> Optional[float]:
+    """The share of the instance's threads last seen on a CPU outside its plan; None without a plan's CPUs."""
+    counts = [process.get("threads_off_plan") for process in processes]
+    threads = sum(process["thread_count"] for process in processes)
+    if not threads or any(count is None for count in counts):
+        return None
+    return round(sum(counts) / float(threads), 4)
 
 
 def _ratio(percent: Optional[float]) -> Optional[float]:
