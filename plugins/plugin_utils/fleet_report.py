@@ -15,8 +15,10 @@ inside an installed collection.
 from __future__ import annotations
 
 import os
+import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import roofline
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch.metrics import DEFAULT_SETTINGS
 from ansible_collections.inferops.numa.plugins.plugin_utils import host_results
 
@@ -40,11 +42,27 @@ def model(results: Mapping[str, Any], hosts: Sequence[str]) -> Dict[str, Any]:
         entry = _checked_entry(str(name), results.get(name))
         (missing if "error" in entry else answered).append(entry)
     instances = [row for host in answered for row in host["instances"]]
+    _flag_far_below(answered)
     return {"host_count": len(hosts), "answered": answered, "missing": missing,
             "instance_count": len(instances),
             "drifted": sum(1 for row in instances if row["drift"]),
             "balancing_on": sum(1 for host in answered if host["balancing_on"]),
             "warned_hosts": sum(1 for host in answered if host["warnings"])}
+
+
+def _flag_far_below(answered: List[Dict[str, Any]]) -> None:
+    """A warning on each host for its instances whose roofline share is far below the fleet's typical one
+    (decide/roofline.far_below: under half the median over every instance with a share)."""
+    shares = {(host["name"], row["unit"]): row["roofline_share"] for host in answered for row in host["instances"]
+              if row["roofline_share"] is not None}
+    typical = statistics.median(shares.values()) if shares else None
+    flagged = set(roofline.far_below(shares))
+    for host in answered:
+        for row in host["instances"]:
+            if (host["name"], row["unit"]) in flagged:
+                host["warnings"].append("%s runs at %s of its memory-bandwidth bound, under half the fleet's typical "
+                                        "%s: look for remote pages, stragglers or slow memory on this host"
+                                        % (row["unit"], _ratio(row["roofline_share"]), _ratio(typical)))
 
 
 def _checked_entry(name: str, result: Any) -> Dict[str, Any]:
@@ -93,7 +111,16 @@ def _instance_row(entry: Mapping[str, Any]) -> Dict[str, Any]:
             "drift": bool(entry.get("drift")),
             "affinity": {True: "yes", False: "NO", None: "-"}[entry.get("affinity_match")],
             "off_plan": _ratio(entry.get("off_plan_thread_ratio")),
+            "roofline": _roofline(entry.get("roofline")), "roofline_share": (entry.get("roofline") or {}).get("share"),
             "gain": _gain(entry.get("ab_gate")), "message": entry.get("message") or ""}
+
+
+def _roofline(found: Optional[Mapping[str, Any]]) -> str:
+    """The measured tokens/s as a share of the memory-bandwidth bound, and the bound."""
+    if not found or found.get("bound_tokens_per_second") is None:
+        return "-"
+    bound = "%.1f tok/s" % found["bound_tokens_per_second"]
+    return bound if found.get("share") is None else "%s of %s" % (_ratio(found["share"]), bound)
 
 
 def _gain(verdict: Optional[Mapping[str, Any]]) -> str:

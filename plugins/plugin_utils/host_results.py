@@ -195,6 +195,9 @@ METRICS_RESULT = mapping({
         "local_ratio": mapping({"anon": _RATIO, "file": _RATIO, "judged": _RATIO}, null=True),
         "min_local_percent": number(0, 100, null=True), "drift": boolean(null=True),
         "affinity_match": boolean(null=True), "off_plan_thread_ratio": _RATIO, "message": text(null=True),
+        "roofline": mapping({"bound_tokens_per_second": number(0.0, 1e12, null=True),
+                             "share": number(0.0, 1e6, null=True), "source": text(32, null=True),
+                             "reason": text(null=True)}, null=True),
         "ab_gate": mapping({"kept": boolean(), "gain_percent": number(-1e6, 1e6, null=True)}, null=True),
     })),
     "planned": items(mapping({

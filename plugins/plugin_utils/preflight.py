@@ -32,7 +32,7 @@ from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import unit_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base import containers, tokens
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.sizes import finite_number
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.sizes import finite_number, parse_size
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.kernel_files import printable
 
@@ -313,6 +313,15 @@ def _containerize(checked: Dict[str, Any], entry: Mapping[str, Any]) -> List[str
     return problems
 
 
+def check_size(value: Any, what: str) -> Tuple[Any, List[str]]:
+    """(the size in bytes, []) or (value, ["cause; fix"]) for a size above 0 (base/sizes.parse_size's syntax)."""
+    try:
+        size = parse_size(value)
+    except NumaError as exc:
+        return value, ["%s; give %s" % (printable(str(exc)), what)]
+    return (size, []) if size > 0 else (value, ["is 0; give %s" % what])
+
+
 def check_container(values: Any) -> Tuple[Any, List[str]]:
     """An entry's container against its options in the role's argument spec: (the keys converted, their defaults
     filled; "key: cause; fix" for each unknown key, missing image, wrong type or choice)."""
@@ -418,6 +427,7 @@ def check_hook(argv: Any) -> List[str]:
 VALUE_CHECKS = {
     GATE: check_gate,
     CONTAINER: check_container,
+    "bytes_per_token": lambda value: check_size(value, "the weights a token reads, like 12G"),
     "health_url": lambda url: (url, check_url(url)),
 }  # type: Dict[str, Callable[[Any], Tuple[Any, List[str]]]]
 

@@ -158,9 +158,9 @@ def test_both_pages_show_the_hosts_their_nodes_services_and_warnings():
     assert "| `llama@1.service` | up | bind | 1 | 2-3 | 100.00 % | 50.00 % | 90.00 % | 99 % | DRIFT | NO |" in markdown
     assert "| `llama@0.service` | bind | 0 | 0-1 | 2 | `-` | 8080 |" in markdown
     # The measured gain column: the A/B gate's verdict where one measured, "-" elsewhere.
-    assert "| 100.00 % | 100.00 % | 100.00 % | 99 % | no | yes | 0.00 % | `+65.1 %, kept` |" in markdown
+    assert "| 100.00 % | 100.00 % | 100.00 % | 99 % | no | yes | 0.00 % | `-` | `+65.1 %, kept` |" in markdown
     # The threads off plan column: one straggler of four shows though every thread may run only on the plan's CPUs.
-    assert "| DRIFT | NO | 25.00 % | `-` |" in markdown and "+65.1 %, kept</td>" in html
+    assert "| DRIFT | NO | 25.00 % | `-` | `-` |" in markdown and "+65.1 %, kept</td>" in html
     assert '<td class="n">25.00 %</td>' in html
     assert "| 1 | 2 | 2-3 | 4.0 | 1.0 | `0000:81:00.0` |" in markdown
     assert "- **gone**: `unreachable: Failed to connect to the host`" in markdown

@@ -133,10 +133,12 @@ def rollout_service(entry: Mapping[str, Any], unit: str, unit_text: str, records
                           "ab_gate": entry.get("ab_gate"),
                           "audit": {"min_local_percent": entry["min_local_percent"], "pages": entry["pages"]}
                           if entry["audit"] else None})
+    judged = {"audit": bool(entry["audit"]), "min_local_percent": float(entry["min_local_percent"]),
+              "pages": entry["pages"], "on_drift": entry["on_drift"]}
+    if entry.get("bytes_per_token"):  # only when given: the records of services without it stay as they were
+        judged["bytes_per_token"] = entry["bytes_per_token"]
     files.append({"path": os.path.join(plan_dir, audit_record_name(unit)), "state": "present", "systemd": False,
-                  "content": record_text({"audit": bool(entry["audit"]),
-                                          "min_local_percent": float(entry["min_local_percent"]),
-                                          "pages": entry["pages"], "on_drift": entry["on_drift"]})})
+                  "content": record_text(judged)})
     return {"name": unit, "files": files, "instances": instances}
 
 

@@ -119,6 +119,10 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
                       "1 when every thread of the instance may run only on its plan's CPUs and last ran on one.")
     off_plan = Family("instance_threads_off_plan_ratio", "gauge",
                       "Share of the instance's threads last seen on a CPU outside its plan (/proc/<pid>/task/*/stat).")
+    bound = Family("instance_roofline_tokens_per_second", "gauge",
+                   "The decode rate the plan's memory nodes allow: their bandwidth / the model's bytes per token.")
+    roof_share = Family("instance_roofline_ratio", "gauge",
+                        "The A/B gate's measured tokens/s as a share of instance_roofline_tokens_per_second.")
     age = Family("instance_plan_age_seconds", "gauge", "Seconds since the instance's plan record was written.")
     taken = Family("instance_drift_actions_total", "counter", "Drift actions (evict, restart) taken on the instance.")
     gain = Family("instance_ab_gain_ratio", "gauge",
@@ -143,6 +147,9 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         taken_here = (actions.get(entry["unit"]) or {}).get("counts") or {}
         for action in metrics.ON_DRIFT[1:]:
             taken.add(dict(labels, action=action), int(taken_here.get(action, 0)))
+        found = entry.get("roofline") or {}
+        bound.add(labels, found.get("bound_tokens_per_second"))
+        roof_share.add(labels, found.get("share"))
         if entry.get("ab_gate"):
             kept.add(labels, entry["ab_gate"]["kept"])
             if entry["ab_gate"]["gain_percent"] is not None:
@@ -165,7 +172,7 @@ def _instance_families(instances: Sequence[Mapping[str, Any]],
         local_traffic.add(labels, counted.get("local_bytes"))
         all_traffic.add(labels, counted.get("total_bytes"))
     return [up, local, judged, minimum, drift, resident, remote, affinity, off_plan, age, taken, gain, kept, split,
-            weight, local_traffic, all_traffic]
+            weight, local_traffic, all_traffic, bound, roof_share]
 
 
 # --- files written as root -------------------------------------------------------------------------

@@ -23,6 +23,8 @@ from ..read import audit, resctrl, systemctl
 from ..inputs import judging
 from ..system import trusted_files
 from ..base.cpulist import MAX_CPUS, format_cpulist, parse_integer
+from ..base.sizes import MAX_BYTES
+from ..decide import roofline, weights
 from ..base.errors import NumaError, shown
 from .table import gate_rate
 from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name, is_count, plan_fields,
@@ -30,8 +32,9 @@ from ..decide.records import (AB_GATES, PLAN_SUFFIX, REDEPLOY, audit_record_name
 
 PLAN_DIR = "/etc/inferops-numa"
 ON_DRIFT = ("none", "evict", "restart")
-# What a service is held to when the deployment left no audit settings for it: the role's defaults.
-DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none")
+# What a service is held to when the deployment left no audit settings for it: the role's defaults (bytes_per_token:
+# the model's size, from its plan record).
+DEFAULT_SETTINGS = dict(judging.DEFAULTS, audit=True, on_drift="none", bytes_per_token=None)
 # A plan record's fields the placement table lists that plan_fields leaves out, each with its largest value.
 LISTED = {"threads": MAX_CPUS, "port": 65535}
 NUMASTAT_COUNTERS = ("numa_hit", "numa_miss", "numa_foreign", "other_node", "local_node", "interleave_hit")
@@ -57,6 +60,7 @@ def collect(root: str = "/", plan_dir: str = PLAN_DIR, run: Optional[systemctl.C
     records = read_records(plan_dir, warnings)
     instances = _instances(root, records, run or systemctl.run_command, page_size, began, warnings)
     add_bandwidth(root, instances)
+    add_roofline(root, topology, instances)
     return {"root": root, "plan_dir": plan_dir, "host": host, "instances": instances, "warnings": warnings,
             "timestamp_seconds": round(began, 3), "duration_seconds": round(max(clock() - began, 0.0), 6)}
 
@@ -130,8 +134,16 @@ def _records_in(fd: int, plan_dir: str, warnings: List[str]) -> List[Dict[str, A
                         # port the record holds (whole numbers, or left out), the rate the gate left running.
                         "listed": {key: written[key] for key, largest in LISTED.items()
                                    if is_count(written.get(key), largest)},
-                        "tokens_per_second": gate_rate(verdicts.get(unit)) if unit in gates else None})
+                        "tokens_per_second": gate_rate(verdicts.get(unit)) if unit in gates else None,
+                        "model_bytes": _model_bytes(written)})
     return sorted(records, key=lambda record: (record["service"], record["index"]))
+
+
+def _model_bytes(written: Mapping[str, Any]) -> Optional[int]:
+    """The model's size the plan was made for (its request's model_size, in bytes), or None."""
+    inputs = written.get("inputs")
+    size = inputs.get("model_size") if isinstance(inputs, Mapping) else None
+    return size if is_count(size, MAX_BYTES) and size > 0 else None
 
 
 def _gates_written(plan_fd: int, plan_dir: str, warnings: List[str]) -> Dict[str, Any]:
@@ -210,6 +222,9 @@ def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any
     if settings["on_drift"] not in ON_DRIFT or not isinstance(settings["audit"], bool):
         raise NumaError("%s: on_drift must be one of %s and audit true or false; %s"
                         % (path, ", ".join(ON_DRIFT), REDEPLOY))
+    if settings["bytes_per_token"] is not None and not (is_count(settings["bytes_per_token"], MAX_BYTES)
+                                                        and settings["bytes_per_token"] > 0):
+        raise NumaError("%s: bytes_per_token must be a positive number of bytes; %s" % (path, REDEPLOY))
     return settings
 
 
@@ -239,7 +254,9 @@ def _instance(root: str, record: Mapping[str, Any], props: Mapping[str, str], pa
              "interleave_ratio": {}, "interleave_weight_ratio": {},
              "resident_bytes": {"anon": None, "file": None}, "remote_bytes": {"anon": None, "file": None},
              "affinity_match": None, "off_plan_thread_ratio": None, "drift": False, "remote_nodes": {}, "message": "",
-             "ab_gate": record.get("ab_gate"), "main_pid": _main_pid(props), "memory_bandwidth": None}
+             "ab_gate": record.get("ab_gate"), "main_pid": _main_pid(props), "memory_bandwidth": None,
+             "tokens_per_second": record.get("tokens_per_second"),
+             "bytes_per_token": settings["bytes_per_token"] or record.get("model_bytes"), "roofline": None}
     if entry["state"] != "active" or not entry["main_pid"]:
         entry["message"] = "%s is not running (ActiveState=%s)" % (record["unit"], entry["state"])
         return entry
@@ -267,6 +284,23 @@ def add_bandwidth(root: str, instances: Sequence[Dict[str, Any]]) -> None:
     for entry in instances:
         if entry["up"]:
             entry["memory_bandwidth"] = resctrl.instance_bandwidth(root, hierarchy, entry["main_pid"], entry["pids"])
+
+
+def add_roofline(root: str, topology: Mapping[str, Any], instances: Sequence[Dict[str, Any]]) -> None:
+    """Each instance's memory-bandwidth bound and its measured tokens/s's share of it (decide/roofline), from the
+    bandwidth numa_cost recorded on the host, else HMAT's."""
+    if not instances:
+        return
+    from ..measure.cost import RECORD_DIR, read_record
+
+    try:
+        bandwidths, reasons = weights.choose(topology, read_record(os.path.join(root, RECORD_DIR.lstrip("/"))))
+    except NumaError as exc:  # a record root cannot trust: HMAT's figures, if the firmware has them
+        bandwidths, reasons = weights.choose(topology, None, "hmat")
+        reasons.insert(0, "measured: %s" % exc)
+    for entry in instances:
+        entry["roofline"] = roofline.roofline(bandwidths, "; ".join(reasons), entry["policy"], entry["mem_nodes"],
+                                              entry["bytes_per_token"], entry["tokens_per_second"])
 
 
 def _add_report(entry: Dict[str, Any], report: Mapping[str, Any]) -> None:
