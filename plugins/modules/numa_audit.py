@@ -236,6 +236,11 @@ processes:
       type: list
       elements: dict
       sample: [{"tid": 4250, "name": "llama-server", "cpus_allowed": "0-111", "mems_allowed": "0-1", "last_cpu": 3}]
+    threads_off_plan:
+      description: How many of its threads last ran on a CPU outside the plan (field 39 of their stat); null without
+        a plan's CPUs.
+      type: int
+      sample: 1
     policies:
       description: Resident bytes per memory policy as numa_maps prints it (C(bind:1), C(default) ...).
       type: dict

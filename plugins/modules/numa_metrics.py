@@ -72,6 +72,10 @@ instances:
     - For a running instance C(memory_bandwidth), its memory traffic as the hardware counts it for its own resctrl
       group; C(group), C(local_bytes), C(total_bytes) (cumulative, None where not counted) and C(reason) when
       there is none.
+    - C(off_plan_thread_ratio), the share of its threads last seen on a CPU outside its plan; C(tokens_per_second),
+      the A/B gate's measured rate of the placement running; C(bytes_per_token), the weights a token reads (the
+      service's, else the model's size); C(roofline), the rate its memory nodes allow and the measured share of it
+      (C(bound_tokens_per_second), C(share), C(source), C(reason); docs/metrics.md).
   returned: success
   type: list
   elements: dict

@@ -37,7 +37,7 @@ def imported_package_modules(path):
 
 def test_the_import_reader_sees_both_spellings():
     assert imported_package_modules(os.path.join(REPO, "plugins", "modules", "numa_plan.py")) == {
-        "base/errors", "decide/placement", "inputs/request", "read/topology", "act/unit_text"}
+        "base/errors", "decide/placement", "inputs/request", "read/topology", "act/unit_text", "base/containers"}
     assert "watch/metrics" in imported_package_modules(os.path.join(REPO, "plugins", "plugin_utils", "fleet_report.py"))
 
 
@@ -79,10 +79,11 @@ def test_numa_plan_ships_only_what_it_uses():
     # system/kernel: the reader's openat2 under a root (numa_plan's root option); system/trusted_files and safe_fs:
     # the plan record read as every reader of it reads it (is it current?)
     layers = {"%s/__init__" % layer for layer in ("act", "base", "decide", "inputs", "read", "system")}
-    assert shipped == layers | {"__init__", "act/unit_text", "base/cpulist", "base/engines", "base/errors",
-                                "base/gpu_vendors", "base/sizes", "base/tokens", "decide/placement", "inputs/request",
-                                "read/kernel_files", "read/topology", "system/kernel", "system/root_files",
-                                "system/safe_fs", "system/trusted_files"}
+    # base/containers: the container option's choices (the runtime is recorded for the audit).
+    assert shipped == layers | {"__init__", "act/unit_text", "base/containers", "base/cpulist", "base/engines",
+                                "base/errors", "base/gpu_vendors", "base/sizes", "base/tokens", "decide/placement",
+                                "inputs/request", "read/kernel_files", "read/topology", "system/kernel",
+                                "system/root_files", "system/safe_fs", "system/trusted_files"}
 
 
 def test_numa_pin_exec_imports_neither_the_cost_engine_nor_the_audit():
