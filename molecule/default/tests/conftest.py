@@ -12,6 +12,7 @@ So tests hold in any order; in file order the guest switches once, at the end.
 import functools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -142,6 +143,42 @@ def health(host, port: int) -> dict:
     result = host.run("curl -sf --max-time 20 http://127.0.0.1:%d/health" % port)
     assert result.rc == 0, "no /health on port %d: %s" % (port, result.stderr)
     return json.loads(result.stdout)
+
+
+# The A/B gate of the lab's checks: three rounds, never more: the emulated guest's rounds spread wider than the 5 % cap,
+# and the gate would measure up to max_rounds (15) each time; the changes gated are far beyond any band (-80 %,
+# +1700 %), and a TCG minute each.
+GATE = {"rounds": 3, "max_rounds": 3, "max_tokens": 6, "prompt": "Hi"}
+
+# Every half second, whether each of a pair of instances answers /health: "<time> <0|1> <0|1>" lines in a file.
+_POLLER = """
+import sys, time, urllib.request
+ports = [int(port) for port in sys.argv[2:]]
+with open(sys.argv[1], "w", buffering=1) as out:
+    while True:
+        seen = []
+        for port in ports:
+            try:
+                seen.append(int(urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2).status == 200))
+            except Exception:
+                seen.append(0)
+        out.write("%.1f %s\\n" % (time.time(), " ".join(map(str, seen))))
+        time.sleep(0.5)
+"""
+
+
+def start_poller(host, unit: str, log: str, ports) -> None:
+    """A transient unit that polls the instances' /health at ``ports`` into ``log`` (read_polls reads it)."""
+    host.run("systemctl stop %s; systemctl reset-failed %s" % (unit, unit))
+    started = host.run("systemd-run --unit=%s python3 -c %s %s %s" % (unit, shlex.quote(_POLLER), log,
+                                                                     " ".join(str(port) for port in ports)))
+    assert started.rc == 0, started.stderr
+
+
+def read_polls(host, unit: str, log: str) -> list:
+    """Stop the poller; each poll as [time, seen...] (the seen as "0" or "1")."""
+    host.run("systemctl stop %s" % unit)
+    return [line.split() for line in host.file(log).content_string.splitlines() if line.strip()]
 
 
 # An interleaved service's pages are only roughly even: task interleave takes the next node per

@@ -13,16 +13,14 @@ import shlex
 
 import pytest
 
-from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, changed_vars, converge, journal, node_cpus, placement,
-                      service_entry, share, wait_active, wait_until)
+from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, changed_vars, converge, journal, node_cpus, placement,
+                      read_polls, service_entry, share, start_poller, wait_active, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
 BOXES = {"llama-box@0.service": (8130, 0), "llama-box@1.service": (8131, 1)}
 BIG = ("box-big@0.service", 8132)
 READY_S = 30              # llama-server in its container from start to /health ok
-# As tests/test_llama.py gates llama: three rounds, never more (a TCG minute each), the changes far beyond any band.
-GATE = {"rounds": 3, "max_rounds": 3, "max_tokens": 6, "prompt": "Hi"}
 
 
 def container_server(host, unit, comm):
@@ -77,22 +75,6 @@ def test_the_audit_finds_a_containers_processes_and_fails_them_against_the_other
     assert json.loads(wrong.stdout)["ok"] is False
 
 
-# Every half second, whether each of the pair answers /health.
-POLLER = """
-import time, urllib.request
-with open("/run/box-poll.log", "w", buffering=1) as out:
-    while True:
-        seen = []
-        for port in (8130, 8131):
-            try:
-                seen.append(int(urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2).status == 200))
-            except Exception:
-                seen.append(0)
-        out.write("%d %d\\n" % (seen[0], seen[1]))
-        time.sleep(0.5)
-"""
-
-
 def verdicts(host):
     return json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
 
@@ -112,18 +94,15 @@ def test_a_gated_container_service_is_measured_unbound_first_then_a_slower_chang
         assert "A/B gate baseline: affinity and memory policy NOT set" in printed, printed[-2000:]
         assert placement(host, unit, container_server(host, unit, "llama-server"))["cpus"] == node_cpus(host, node)
     before = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
-    host.run("systemctl stop box-poll.service; systemctl reset-failed box-poll.service")
-    started = host.run("systemd-run --unit=box-poll python3 -c %s" % shlex.quote(POLLER))
-    assert started.rc == 0, started.stderr
+    start_poller(host, "box-poll.service", "/run/box-poll.log", (8130, 8131))
     try:
         command = ["4" if arg == "{threads}" else arg for arg in service_entry("llama-box")["command"]]
         converge("-e", changed_vars(tmp_path, "squeezed", "llama-box", ab_gate=GATE, reserve_cpus="1,3",
                                     command=command))
     finally:
-        host.run("systemctl stop box-poll.service")
+        polls = [seen for _time, *seen in read_polls(host, "box-poll.service", "/run/box-poll.log")]
     squeezed = verdicts(host)
     assert squeezed["llama-box@0.service"]["kept"] is False, squeezed["llama-box@0.service"]
-    polls = [line.split() for line in host.file("/run/box-poll.log").content_string.splitlines() if line.strip()]
     assert ["0", "0"] not in polls, "both containers down at once"
     assert ["0", "1"] in polls, "the first container never restarted"
     assert host.service("llama-box@0.service").systemd_properties["InvocationID"] != before["llama-box@0.service"]

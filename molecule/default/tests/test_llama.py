@@ -15,13 +15,13 @@ as generation, which gives tokens/s for the report.
 
 import json
 import os
-import shlex
 import statistics
 
 import pytest
 
-from conftest import (INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, changed_vars, converge, converge_failing,
-                      failed_task_result, journal, node_cpus, placement, service_entry, share, wait_until)
+from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, changed_vars, converge,
+                      converge_failing, failed_task_result, journal, node_cpus, placement, read_polls, service_entry,
+                      share, start_poller, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -206,25 +206,6 @@ def test_weights_cached_on_the_other_node_stay_remote_without_evict_and_come_loc
 
 # --- a placement change: one instance at a time, and kept only where it is faster ---------------------------
 
-# Three rounds, never more: the emulated guest's rounds spread wider than the 5 % cap, and the gate would measure
-# up to max_rounds (15) each time; the changes here are far beyond any band (-80 %, +1700 %), and a TCG minute each.
-GATE = {"rounds": 3, "max_rounds": 3, "max_tokens": 6, "prompt": "Hi"}
-# Every half second, whether each of the pair answers /health.
-POLLER = """
-import time, urllib.request
-with open("/run/lab-poll.log", "w", buffering=1) as out:
-    while True:
-        seen = []
-        for port in (8080, 8081):
-            try:
-                seen.append(int(urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2).status == 200))
-            except Exception:
-                seen.append(0)
-        out.write("%.1f %d %d\\n" % (time.time(), seen[0], seen[1]))
-        time.sleep(0.5)
-"""
-
-
 def converge_llama(tmp_path, name, **changes):
     """converge.yml with the llama service's entry changed by ``changes`` (the rest as converge.yml sets it)."""
     converge("-e", changed_vars(tmp_path, name, "llama", **changes))
@@ -246,9 +227,7 @@ def invocations(host):
 
 
 def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_is_faster(host, tmp_path):
-    host.run("systemctl stop lab-poll.service; systemctl reset-failed lab-poll.service")
-    started = host.run("systemd-run --unit=lab-poll python3 -c %s" % shlex.quote(POLLER))
-    assert started.rc == 0, started.stderr
+    start_poller(host, "lab-poll.service", "/run/lab-poll.log", (8080, 8081))
     try:
         # Each instance squeezed onto one CPU, gated: slower, so the change goes back.
         converge_llama(tmp_path, "slower", ab_gate=GATE, **squeezed())
@@ -272,8 +251,7 @@ def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_
         for unit, (_port, node) in PER_NODE.items():
             assert placement(host, unit)["cpus"] == node_cpus(host, node), "%s squeezed again" % unit
     finally:
-        host.run("systemctl stop lab-poll.service")
-    polls = [line.split() for line in host.file("/run/lab-poll.log").content_string.splitlines() if line.strip()]
+        polls = read_polls(host, "lab-poll.service", "/run/lab-poll.log")
     report({"squeezed": slower, "unsqueezed": faster}, polls)
     assert all(answered != ["0", "0"] for _time, *answered in polls), "both instances down at once"
     assert {tuple(answered) for _time, *answered in polls} >= {("0", "1"), ("1", "0")}, "a restart never seen"
