@@ -220,3 +220,8 @@ def test_the_metrics_read_a_docker_instances_runtime_from_its_record_and_refuse_
     assert records.plan_fields(written)["container"] == "docker"
     assert "container 'lxc' is none of the runtimes" in records.plan_problem(dict(BIND1, container="lxc"))
     assert "container" not in records.plan_fields(BIND1)
+
+
+def test_a_docker_plan_on_a_unit_that_is_no_instance_is_refused_in_one_line(tmp_path):
+    with pytest.raises(NumaError, match="audit the service's instance unit"):
+        audit.instance_pids(str(tmp_path), "vllm.service", {"MainPID": "7"}, dict(BIND1, container="docker"))

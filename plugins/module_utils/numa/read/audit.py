@@ -666,7 +666,10 @@ def instance_pids(root: str, unit: str, props: Mapping[str, str], plan: Optional
     pids = unit_pids(root, props)
     if (plan or {}).get("container") != "docker":
         return pids
-    service, instance = unit.rpartition(".")[0].split("@", 1)
+    service, at, instance = unit.rpartition(".")[0].partition("@")
+    if not (at and service and instance):
+        raise NumaError("unit %s runs a docker container, whose processes are found by the id file of an instance "
+                        "<service>@<instance>.service: audit the service's instance unit" % shown(unit))
     return sorted(set(pids) | set(container_pids(root, cid_file(service, instance))))
 
 
