@@ -49,8 +49,9 @@ def test_each_containerized_server_runs_on_its_node_with_its_model_copy_there(ho
         assert set(where["threads"].values()) == {node_cpus(host, node)}, where["threads"]
         assert share(where["anon"], node) >= 0.99 and share(where["file"], node) >= 0.99, where
         # The container maps its node's copy at the path the server was given (the host's copy under the state dir).
-        assert "copied the model to /var/lib/llama-box/node%d/" % node in journal(host, unit) \
-            or "the model's copy is /var/lib/llama-box/node%d/" % node in journal(host, unit)
+        printed = journal(host, unit[:-len(".service")])
+        assert ("copied the model to /var/lib/llama-box/node%d/" % node in printed
+                or "the model's copy is /var/lib/llama-box/node%d/" % node in printed), printed[-2000:]
         assert "/models/model.gguf" in host.file("/proc/%d/maps" % pid).content_string
 
 
