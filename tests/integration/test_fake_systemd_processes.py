@@ -766,8 +766,11 @@ def test_rollout_rolls_back_a_unit_that_crash_loops(deploying, trusted_dir, tmp_
 
 
 def test_rollout_rolls_back_a_unit_that_hit_its_start_limit(deploying, trusted_dir, tmp_path):
-    """A unit at its start limit refuses starts until reset-failed; the rollback's restart resets it first."""
-    deployment, _template, _serve = _gated(deploying, trusted_dir, [], restart_sec="0")
+    """A unit at its start limit refuses starts until reset-failed; the rollback's restart resets it first. The limit
+    counts the setup's start and the rollout's restart, so the first automatic restart after the crash hits it however
+    slowly a loaded machine runs them (systemd's default of 5 in 10 s was missed when the starts took seconds)."""
+    deployment, _template, _serve = _gated(deploying, trusted_dir, ["StartLimitBurst=2", "StartLimitIntervalSec=300"],
+                                           restart_sec="0")
     result = _deploy(deploying, deployment, trusted_dir, tmp_path, 20)
     assert "gate@0.service: Start request repeated too quickly." in deploying.journal("gate@0.service")
     assert result["failed"] and "gate@0.service: " in result["msg"], result
