@@ -1,9 +1,8 @@
 """Servers in podman containers in the dual-socket lab guest (docs/containers.md).
 
 converge.yml deploys llama-box, llama-server from the stand-in image (made offline from the guest's own files by
-lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the model (gated here: its
-first deployment unbound against bound, then a slower change); and box-big, a stand-in whose request fits no single
-node, interleaved.
+lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the model (a slower
+change gated here); and box-big, a stand-in whose request fits no single node, interleaved.
 Each container's server is found from the host through its unit's cgroup (podman keeps it there) and read by the
 lab's own parser (conftest.placement), never by numa-pin's audit, which is checked here as well.
 """
@@ -80,20 +79,11 @@ def verdicts(host):
     return json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
 
 
-def test_a_gated_container_service_is_measured_unbound_first_then_a_slower_change_goes_back(host, tmp_path):
-    """The pair forgotten (stopped, plan records gone), so the next deployment is their first: each measured unbound
-    (no cpuset, no policy) against bound, and kept. Then each container squeezed onto one CPU with four threads, gated:
-    the first restarts, measures slower, and the change goes back; the two are never down together."""
-    forgot = host.run("systemctl stop %s && rm -f /etc/inferops-numa/llama-box@*.plan.json*" % " ".join(sorted(BOXES)))
-    assert forgot.rc == 0, forgot.stderr
-    since = host.run("date +%s").stdout.strip()
-    converge("-e", changed_vars(tmp_path, "first", "llama-box", ab_gate=GATE))
-    first = verdicts(host)
-    for unit, (_port, node) in BOXES.items():
-        assert first[unit]["baseline"] == "unbound" and first[unit]["kept"], first.get(unit)
-        printed = host.run("journalctl -q -o cat -u %s --since @%s" % (unit, since)).stdout
-        assert "A/B gate baseline: affinity and memory policy NOT set" in printed, printed[-2000:]
-        assert placement(host, unit, container_server(host, unit, "llama-server"))["cpus"] == node_cpus(host, node)
+def test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_and_goes_back(host, tmp_path):
+    """Each container squeezed onto one CPU with four threads, gated: the first restarts, measures slower, and the
+    change goes back; the two are never down together. (The unbound baseline of a first deployment is numa-pin's
+    and the gate's, unit-tested for containers in tests/unit/test_pinning_calls.py and run for llama in
+    test_llama.py: one converge less here.)"""
     before = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
     start_poller(host, "box-poll.service", "/run/box-poll.log", (8130, 8131))
     try:
