@@ -15,7 +15,6 @@ inside an installed collection.
 from __future__ import annotations
 
 import os
-import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide import roofline
@@ -55,7 +54,7 @@ def _flag_far_below(answered: List[Dict[str, Any]]) -> None:
     (decide/roofline.far_below: under half the median over every instance with a share)."""
     shares = {(host["name"], row["unit"]): row["roofline_share"] for host in answered for row in host["instances"]
               if row["roofline_share"] is not None}
-    typical = statistics.median(shares.values()) if shares else None
+    typical = roofline.typical_share(shares)
     flagged = set(roofline.far_below(shares))
     for host in answered:
         for row in host["instances"]:

@@ -70,10 +70,15 @@ def roofline(bandwidths: Optional[Bandwidths], why_none: str, policy: Optional[s
     return result
 
 
+def typical_share(shares: Mapping[Hashable, float]) -> Optional[float]:
+    """The fleet's typical share: the median of all; None among fewer than MIN_PEERS."""
+    return statistics.median(shares.values()) if len(shares) >= MIN_PEERS else None
+
+
 def far_below(shares: Mapping[Hashable, float]) -> List[Hashable]:
-    """The instances (keys: a unit, or a host and a unit) whose share is below FAR_BELOW of the median share of all,
+    """The instances (keys: a unit, or a host and a unit) whose share is below FAR_BELOW of the typical share,
     sorted; none among fewer than MIN_PEERS."""
-    if len(shares) < MIN_PEERS:
+    typical = typical_share(shares)
+    if typical is None:
         return []
-    typical = statistics.median(shares.values())
     return sorted(unit for unit, share in shares.items() if share < FAR_BELOW * typical)
