@@ -143,7 +143,12 @@ def _model_bytes(written: Mapping[str, Any]) -> Optional[int]:
     """The model's size the plan was made for (its request's model_size, in bytes), or None."""
     inputs = written.get("inputs")
     size = inputs.get("model_size") if isinstance(inputs, Mapping) else None
-    return size if is_count(size, MAX_BYTES) and size > 0 else None
+    return size if _is_size(size) else None
+
+
+def _is_size(value: Any) -> bool:
+    """A whole number of bytes above 0 a record may hold (a model's size, the bytes a token reads)."""
+    return is_count(value, MAX_BYTES) and value > 0
 
 
 def _gates_written(plan_fd: int, plan_dir: str, warnings: List[str]) -> Dict[str, Any]:
@@ -222,8 +227,7 @@ def service_settings(plan_fd: int, plan_dir: str, service: str) -> Dict[str, Any
     if settings["on_drift"] not in ON_DRIFT or not isinstance(settings["audit"], bool):
         raise NumaError("%s: on_drift must be one of %s and audit true or false; %s"
                         % (path, ", ".join(ON_DRIFT), REDEPLOY))
-    if settings["bytes_per_token"] is not None and not (is_count(settings["bytes_per_token"], MAX_BYTES)
-                                                        and settings["bytes_per_token"] > 0):
+    if settings["bytes_per_token"] is not None and not _is_size(settings["bytes_per_token"]):
         raise NumaError("%s: bytes_per_token must be a positive number of bytes; %s" % (path, REDEPLOY))
     return settings
 
