@@ -294,6 +294,21 @@ def changed_vars(tmp_path, step: str, service: str, **changes) -> str:
     return "@%s" % path
 
 
+GATE_VERDICTS = "/etc/inferops-numa/ab-gates.json"
+
+
+def gate_verdicts(host) -> dict:
+    """The host's A/B gate verdicts (unit -> verdict): each run's merged with those of units it did not measure."""
+    found = host.file(GATE_VERDICTS)
+    return json.loads(found.content_string) if found.exists else {}
+
+
+def verdicts_since(host, before: dict) -> dict:
+    """The verdicts written since ``before`` (gate_verdicts then): the units a converge measured, and no other's
+    (another check's service, or this one's from an earlier check, whichever order the checks run in)."""
+    return {unit: verdict for unit, verdict in gate_verdicts(host).items() if before.get(unit) != verdict}
+
+
 def converge_failing(*extra: str) -> str:
     """converge.yml again with ``extra`` arguments, expected to fail; its output (stdout and stderr)."""
     playbook = os.path.join(os.path.dirname(sys.executable), "ansible-playbook")

@@ -12,8 +12,9 @@ import shlex
 
 import pytest
 
-from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, changed_vars, converge, journal, node_cpus, placement,
-                      read_polls, service_entry, share, start_poller, wait_active, wait_until)
+from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, changed_vars, converge, gate_verdicts, journal,
+                      node_cpus, placement, read_polls, service_entry, share, start_poller, verdicts_since,
+                      wait_active, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -75,16 +76,13 @@ def test_the_audit_finds_a_containers_processes_and_fails_them_against_the_other
     assert json.loads(wrong.stdout)["ok"] is False
 
 
-def verdicts(host):
-    return json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
-
-
 def test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_and_goes_back(host, tmp_path):
     """Each container squeezed onto one CPU with four threads, gated: the first restarts, measures slower, and the
     change goes back; the two are never down together. (The unbound baseline of a first deployment is numa-pin's
     and the gate's, unit-tested for containers in tests/unit/test_pinning_calls.py and run for llama in
     test_llama.py: one converge less here.)"""
     before = {unit: host.service(unit).systemd_properties["InvocationID"] for unit in BOXES}
+    gates_before = gate_verdicts(host)
     start_poller(host, "box-poll.service", "/run/box-poll.log", (8130, 8131))
     try:
         command = ["4" if arg == "{threads}" else arg for arg in service_entry("llama-box")["command"]]
@@ -92,7 +90,7 @@ def test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_a
                                     command=command))
     finally:
         polls = [seen for _time, *seen in read_polls(host, "box-poll.service", "/run/box-poll.log")]
-    squeezed = verdicts(host)
+    squeezed = verdicts_since(host, gates_before)
     assert squeezed["llama-box@0.service"]["kept"] is False, squeezed["llama-box@0.service"]
     assert ["0", "0"] not in polls, "both containers down at once"
     assert ["0", "1"] in polls, "the first container never restarted"

@@ -20,8 +20,8 @@ import statistics
 import pytest
 
 from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, changed_vars, converge,
-                      converge_failing, failed_task_result, journal, node_cpus, placement, read_polls, service_entry,
-                      share, start_poller, wait_until)
+                      converge_failing, failed_task_result, gate_verdicts, journal, node_cpus, placement, read_polls,
+                      service_entry, share, start_poller, verdicts_since, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -218,10 +218,6 @@ def squeezed():
     return {"reserve_cpus": "1,3", "command": ["4" if arg == "{threads}" else arg for arg in entry["command"]]}
 
 
-def verdicts(host):
-    return json.loads(host.file("/etc/inferops-numa/ab-gates.json").content_string)
-
-
 def invocations(host):
     return {unit: host.service(unit).systemd_properties["InvocationID"] for unit in sorted(PER_NODE)}
 
@@ -230,15 +226,17 @@ def test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_
     start_poller(host, "lab-poll.service", "/run/lab-poll.log", (8080, 8081))
     try:
         # Each instance squeezed onto one CPU, gated: slower, so the change goes back.
+        gates_before = gate_verdicts(host)
         converge_llama(tmp_path, "slower", ab_gate=GATE, **squeezed())
-        slower = verdicts(host)
+        slower = verdicts_since(host, gates_before)
         for unit, (_port, node) in PER_NODE.items():
             assert placement(host, unit)["cpus"] == node_cpus(host, node), "%s not back on its node" % unit
         # The same change without the gate, then back to two CPUs and two threads, gated: faster, so it stays.
         converge_llama(tmp_path, "squeezed", **squeezed())
         assert {placement(host, unit)["cpus"] for unit in PER_NODE} == {"0", "2"}
+        gates_before = gate_verdicts(host)
         converge_llama(tmp_path, "faster", ab_gate=GATE)
-        faster = verdicts(host)
+        faster = verdicts_since(host, gates_before)
         for unit, (_port, node) in PER_NODE.items():
             assert placement(host, unit)["cpus"] == node_cpus(host, node)
         # Nothing changed: nothing restarts, nothing is measured or rolled back.
@@ -265,8 +263,9 @@ def test_a_first_deployment_measures_binding_against_the_unbound_default(host, t
     forgot = host.run("systemctl stop %s && rm -f /etc/inferops-numa/llama@*.plan.json*" % " ".join(sorted(PER_NODE)))
     assert forgot.rc == 0, forgot.stderr
     since = host.run("date +%s").stdout.strip()
+    gates_before = gate_verdicts(host)
     converge_llama(tmp_path, "first", ab_gate=GATE)
-    first = verdicts(host)
+    first = verdicts_since(host, gates_before)
     report({"first, unbound -> bound": first}, append=True)
     assert sorted(first) == ["llama@0.service", "llama@1.service"], first
     assert all(verdict["kept"] and verdict["baseline"] == "unbound" for verdict in first.values()), first
