@@ -1,26 +1,58 @@
 """Servers in podman containers in the dual-socket lab guest (docs/containers.md).
 
-converge.yml deploys llama-box, llama-server from the stand-in image (made offline from the guest's own files by
-lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the model (a slower
-change gated here); and box-big, a stand-in whose request fits no single node, interleaved.
+The module deploys vars/lab_containers.yml beside converge.yml's services and takes them back after its checks
+(which proves that a removal leaves no unit, container, record or model copy of theirs, and keeps every other
+check's converge from re-checking them): llama-box, llama-server from the stand-in image (made offline from the
+guest's own files by lab/guest/make_standin_image.sh) on each node, each container mounting its node's copy of the
+model (a slower change gated here); and box-big, a stand-in whose request fits no single node, interleaved.
 Each container's server is found from the host through its unit's cgroup (podman keeps it there) and read by the
 lab's own parser (conftest.placement), never by numa-pin's audit, which is checked here as well.
 """
 
 import json
+import os
 import shlex
 
 import pytest
+import yaml
 
-from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, changed_vars, converge, gate_verdicts, journal,
-                      node_cpus, placement, read_polls, service_entry, share, start_poller, verdicts_since,
-                      wait_active, wait_until)
+from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, SCENARIO_DIR, converge, ensure_layout, gate_verdicts,
+                      journal, node_cpus, placement, read_polls, run_vars, services_vars, share, start_poller,
+                      verdicts_since, wait_active, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
 BOXES = {"llama-box@0.service": (8130, 0), "llama-box@1.service": (8131, 1)}
 BIG = ("box-big@0.service", 8132)
 READY_S = 30              # llama-server in its container from start to /health ok
+CONTAINER_SERVICES = os.path.join(SCENARIO_DIR, "vars", "lab_containers.yml")
+# What a container service may leave, by the names the role gives it: none of it is left after its removal.
+LEFT_BY = ("ls -d /etc/systemd/system/{0}@* /etc/systemd/system/*.wants/{0}@* /etc/inferops-numa/{0}[@.]* "
+           "/var/lib/{0} 2>/dev/null; "
+           "podman ps --all --format '{{{{.Names}}}}' --filter name='^{0}-'; "
+           "systemctl list-units --all --plain --no-legend --state=active,activating,deactivating,failed '{0}@*'")
+
+
+def container_entries(**box_changes):
+    """vars/lab_containers.yml's services, llama-box's entry changed by ``box_changes``."""
+    with open(CONTAINER_SERVICES) as handle:
+        entries = yaml.safe_load(handle)["lab_container_services"]
+    return [dict(entry, **box_changes) if entry["name"] == "llama-box" else entry for entry in entries]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def container_services(host, tmp_path_factory):
+    """The container services deployed beside converge.yml's for this module's checks, then taken back."""
+    ensure_layout(2)
+    folder = tmp_path_factory.mktemp("containers")
+    others = json.loads(run_vars())["inference_service_list"]
+    converge("-e", services_vars(folder, "deployed", others + container_entries()))
+    yield
+    names = [entry["name"] for entry in container_entries()]
+    converge("-e", services_vars(folder, "removed", others, inference_service_remove=names))
+    left = {name: host.run(LEFT_BY.format(name)).stdout.split() for name in names}
+    assert left == {name: [] for name in names}, "the removal of the container services left: %s" % left
+    assert not [unit for unit in gate_verdicts(host) if unit.split("@")[0] in names], gate_verdicts(host)
 
 
 def container_server(host, unit, comm):
@@ -85,9 +117,11 @@ def test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_a
     gates_before = gate_verdicts(host)
     start_poller(host, "box-poll.service", "/run/box-poll.log", (8130, 8131))
     try:
-        command = ["4" if arg == "{threads}" else arg for arg in service_entry("llama-box")["command"]]
-        converge("-e", changed_vars(tmp_path, "squeezed", "llama-box", ab_gate=GATE, reserve_cpus="1,3",
-                                    command=command))
+        (box,) = [entry for entry in container_entries() if entry["name"] == "llama-box"]
+        command = ["4" if arg == "{threads}" else arg for arg in box["command"]]
+        others = json.loads(run_vars())["inference_service_list"]
+        converge("-e", services_vars(tmp_path, "squeezed", others + container_entries(
+            ab_gate=GATE, reserve_cpus="1,3", command=command)))
     finally:
         polls = [seen for _time, *seen in read_polls(host, "box-poll.service", "/run/box-poll.log")]
     squeezed = verdicts_since(host, gates_before)

@@ -57,7 +57,7 @@ def sub_numa():
         return
     labvm.relayout(VM_NAME, 5)
     # What earlier layouts deployed would share the nodes' memory with these services: stopped, not removed.
-    guest("systemctl stop 'llama@*' 'llama-big@*' 'lab-*' 'llama-box@*' 'box-big@*'")
+    guest("systemctl stop 'llama@*' 'llama-big@*' 'lab-*'")
     with open(RUN_VARS) as handle:
         variables = json.load(handle)
     variables["inference_service_list"] = [
