@@ -94,12 +94,13 @@ ansible_facts:
           sample: [[10, 21], [21, 10]]
         cpus:
           description: online, offline, isolated, nohz_full, allowed and mems_allowed as list strings,
-            threads_per_core, siblings, packages, l3_groups, caches.
+            threads_per_core, siblings, packages, l3_groups, caches, and kinds (CPUs by capacity and frequency,
+            fastest first; empty when they are alike; docs/facts.md).
           type: dict
           sample: {"online": "0-159", "offline": "", "isolated": "", "nohz_full": "", "allowed": "0-159",
                    "mems_allowed": "0-1", "threads_per_core": 2, "siblings": [[0, 80], [1, 81]],
                    "l3_groups": [{"cpulist": "0-39,80-119", "size_kb": 32768}],
-                   "caches": {"l1d_kb": 48, "l2_kb": 2048, "l3_kb": 32768},
+                   "caches": {"l1d_kb": 48, "l2_kb": 2048, "l3_kb": 32768}, "kinds": [],
                    "packages": [{"id": 0, "cpulist": "0-39,80-119", "nodes": [0]}]}
         gpus:
           description: GPUs with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist, cuda_index.

@@ -50,6 +50,13 @@ options:
     description: Hand out every hardware thread (true) or one thread per physical core (false).
     type: bool
     default: true
+  cores:
+    description:
+      - Which CPUs of a node to hand out, C(all) or only its fastest kind (C(fast)) where the facts' C(cpus.kinds)
+        tell kinds apart (hybrid parts, Priority Core Turbo); on a host whose CPUs are alike C(fast) uses them all.
+    type: str
+    choices: [all, fast]
+    default: all
   reserve_cpus:
     description: CPU list never handed out (housekeeping), such as C(0,1).
     type: str

@@ -122,6 +122,44 @@ def test_dump_pci_devices_match_raw_classes(dump_roots, name):
             assert device["numa_node"] == int(listed)
 
 
+def hwloc_kinds(name):
+    """The CPU kinds hwloc found when the dump was captured, fastest first, from its console output ("CPU kind #i
+    efficiency e cpuset 0x...") or its XML (<cpukind cpuset=...>, which orders them the same way); None when the
+    dump has neither."""
+    base = os.path.join(HWLOC_DUMPS, name)
+    if os.path.exists(base + ".console"):
+        with open(base + ".console") as handle:
+            found = re.findall(r"^CPU kind #\d+ efficiency (\d+) cpuset (\S+)$", handle.read(), re.MULTILINE)
+        return [mask_cpus(mask) for _efficiency, mask in sorted(found, key=lambda kind: -int(kind[0]))]
+    if os.path.exists(base + ".xml"):
+        kinds = [kind.get("cpuset") for kind in ElementTree.parse(base + ".xml").iter("cpukind")]
+        return [mask_cpus(mask) for mask in reversed(kinds)]  # hwloc writes the least efficient first
+    return None
+
+
+def mask_cpus(mask):
+    """hwloc's cpuset text (32-bit words, "0xffffffff,0x000000ff") as a set of CPU numbers."""
+    bits = int(mask.replace("0x", "").replace(",", ""), 16)
+    return {cpu for cpu in range(bits.bit_length()) if bits >> cpu & 1}
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_cpu_kinds_are_hwlocs(dump_roots, name):
+    """Where hwloc told CPU kinds apart (a hybrid laptop: 6 P-cores with SMT, 8 E-cores), the facts list the same
+    groups, fastest first, with the highest maximum frequency the raw files give each; where it found one kind or
+    none, the facts list none."""
+    root = dump_roots[name]
+    expected = hwloc_kinds(name)
+    if expected is None:
+        pytest.skip("no hwloc output was captured with %s" % name)
+    kinds = read(root)["cpus"]["kinds"]
+    assert [ids_of(kind["cpulist"]) for kind in kinds] == (expected if len(expected) > 1 else [])
+    for kind in kinds:
+        highest = [raw(root, "sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq" % cpu)
+                   for cpu in ids_of(kind["cpulist"])]
+        assert kind["max_freq_khz"] == max(int(value) for value in highest if value), kind
+
+
 LSTOPO = shutil.which("lstopo-no-graphics")
 
 

@@ -91,9 +91,10 @@ def test_a_line_the_quick_parser_takes_is_what_argparse_makes_of_it(line):
 
 def test_the_quick_parser_takes_every_flag_a_unit_writes():
     every = {"node": "1", "gpus": "none", "model_size": "14G", "model": ["/srv/a.gguf", "/srv/b.gguf"],
-             "memory_headroom": "10%+1G", "smt": False, "reserve_cpus": "0,1", "scope": "socket", "instances": 2,
-             "instance": 1, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate", "replica_dir": "/var/x",
-             "port_base": 8080, "anchors": "0,1", "engine": "sglang", "container_runtime": "podman"}
+             "memory_headroom": "10%+1G", "smt": False, "cores": "fast", "reserve_cpus": "0,1", "scope": "socket",
+             "instances": 2, "instance": 1, "policy": "bind", "on_unfit": "fail", "page_cache": "replicate",
+             "replica_dir": "/var/x", "port_base": 8080, "anchors": "0,1", "engine": "sglang",
+             "container_runtime": "podman"}
     assert set(every) == set(request.BY_NAME)
     flags = unit_text.request_flags({name: value for name, value in every.items() if name != "model"})
     for path in every["model"]:

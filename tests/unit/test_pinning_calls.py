@@ -137,9 +137,9 @@ def start(tmp_path, monkeypatch, environ, capsys):
         online = list(range(len(machine.cpu_ids)))
         fake = FakeKernel(online, **options)
 
-        def read_fake_host(requested_root="/", plan_only=False):
+        def read_fake_host(requested_root="/", plan_only=False, cpu_kinds=None):
             assert requested_root == "/", "exec plans this host, not %r" % requested_root
-            return real_read(root, plan_only)
+            return real_read(root, plan_only, cpu_kinds)
 
         def execvp(file, argv):
             fake.calls.append(("execvp", file, list(argv), {name: os.environ[name] for name in PLAN_VARIABLES

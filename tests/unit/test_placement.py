@@ -545,6 +545,48 @@ def test_smt_off_uses_the_other_sibling_when_the_lowest_is_reserved():
     assert result.cpus == list(range(1, 40)) + [80]
 
 
+def with_kinds(topology, *kinds):
+    """``topology`` with the facts' cpus.kinds: one cpu list per kind, fastest first."""
+    topology["cpus"]["kinds"] = [{"capacity": None, "max_freq_khz": 4000000 - 500000 * rank, "base_freq_khz": None,
+                                  "cpulist": cpulist, "rank": rank} for rank, cpulist in enumerate(kinds)]
+    return topology
+
+
+def test_cores_fast_takes_only_each_nodes_fastest_kind_and_says_what_it_left():
+    # Priority Core Turbo on each socket: its first 8 cores (and their siblings) of 40 turbo higher.
+    topology = with_kinds(tf.dual_socket_gpu(), "0-7,40-47,80-87,120-127", "8-39,48-79,88-119,128-159")
+    result = place(topology, gpus="none", node=1, cores="fast")
+    assert result.cpus == list(range(40, 48)) + list(range(120, 128))
+    assert "cores fast: node 1 uses its fastest CPUs 40-47,120-127 and leaves the slower 48-79,128-159" in reasons(
+        result)
+    assert place(topology, gpus="none", node=1).cpus == NODE1
+    assert result.to_dict()["inputs"]["cores"] == "fast" and "cores" not in place(topology).to_dict()["inputs"]
+
+
+def test_cores_fast_keeps_a_nodes_best_kind_when_its_fastest_cpus_are_reserved():
+    topology = with_kinds(tf.make_topology([tf.make_node(0, range(4)), tf.make_node(1, range(4, 8))]), "0-1", "2-7")
+    assert place(topology, gpus="none", node=0, cores="fast").cpus == [0, 1]
+    assert place(topology, gpus="none", node=0, cores="fast", reserve_cpus="0-1").cpus == [2, 3]
+    assert place(topology, gpus="none", node=1, cores="fast").cpus == [4, 5, 6, 7]
+
+
+def test_cores_fast_leaves_no_cpu_of_no_kind_and_uses_all_on_a_host_of_one_kind():
+    topology = with_kinds(tf.make_topology([tf.make_node(0, range(4))]), "0", "1")
+    assert place(topology, gpus="none", cores="fast").cpus == [0, 2, 3]  # 2 and 3 are of no kind: not known slower
+    alike = place(tf.one_node_vm(), gpus="none", cores="fast")
+    assert alike.cpus == place(tf.one_node_vm(), gpus="none").cpus
+    assert "cores fast: every CPU of this host is of one kind" in reasons(alike)
+
+
+@pytest.mark.parametrize("kinds", [[{"cpulist": "0-1"}], [{"cpulist": "x", "rank": 0}], ["0-1"], "0-1",
+                                   [{"cpulist": "0", "rank": -1}], [{"cpulist": "0", "rank": True}]])
+def test_cores_fast_refuses_kinds_numa_facts_would_not_write(kinds):
+    topology = tf.one_node_vm()
+    topology["cpus"]["kinds"] = kinds
+    with pytest.raises(PlacementError, match="cpus.kinds entry .* has no cpulist and rank: plan on the numa facts"):
+        place(topology, cores="fast")
+
+
 def test_instances_sharing_a_small_node_share_all_its_cpus():
     topology = tf.make_topology([tf.make_node(0, range(2)), tf.make_node(1, range(2, 4))])
     result = place(topology, instances=3, instance=2, anchors="0,0,0")

@@ -263,6 +263,9 @@ def test_only_the_kernel_spelling_of_a_node_number_is_a_node(tmp_path, name):
     ("sys/bus/pci/devices/0000:81:00.0/numa_node", "4096", "0000:81:00.0/numa_node"),
     ("sys/devices/system/cpu/cpu0/cache/index3/size", "9" * 5000 + "K", "index3/size"),
     ("proc/self/status", "Mems_allowed_list:\t0-5000\nCpus_allowed_list:\t0-3\n", "proc/self/status"),
+    ("sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "9" * 12, "cpu0/cpufreq/cpuinfo_max_freq"),
+    ("sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq", "0", "cpu0/cpufreq/cpuinfo_max_freq"),
+    ("sys/devices/system/cpu/cpu0/cpu_capacity", "fast", "cpu0/cpu_capacity"),
 ])
 def test_numbers_past_what_a_kernel_prints_are_warnings(tmp_path, rel, content, warned):
     machine = sysfs.dual_socket_gpus()
@@ -436,3 +439,27 @@ def test_balancing_mode_2_needs_linux_5_18(tmp_path, release, wanted):
     features = read(machine.write(str(tmp_path)))["kernel"]["features"]
     assert features["balancing_tiering_mode"] is wanted and features["weighted_interleave"] is False
     assert features["demotion_enabled"] is None and features["weighted_interleave_auto"] is None
+
+
+def priority_core_turbo(tmp_path, plan_only=False, cpu_kinds=None):
+    """dual_socket_gpus with cpufreq as on a Xeon with Priority Core Turbo: each socket's first 8 cores (and
+    their siblings) turbo to 4.6 GHz, the rest to 4.0 or 3.9 (within 10 %: one kind), all of base 2.0 GHz."""
+    machine = sysfs.dual_socket_gpus()
+    for cpu in range(160):
+        core = cpu % 80 % 40
+        highest = 4600000 if core < 8 else 4000000 if core % 2 else 3900000
+        machine.put("sys/devices/system/cpu/cpu%d/cpufreq/cpuinfo_max_freq" % cpu, "%d\n" % highest)
+        machine.put("sys/devices/system/cpu/cpu%d/cpufreq/base_frequency" % cpu, "2000000\n")
+    return read(machine.write(str(tmp_path)), plan_only, cpu_kinds)
+
+
+def test_cpu_kinds_by_frequency_fastest_first_near_maxima_one_kind(tmp_path):
+    kinds = priority_core_turbo(tmp_path)["cpus"]["kinds"]
+    assert [(kind["rank"], kind["cpulist"], kind["max_freq_khz"], kind["base_freq_khz"]) for kind in kinds] == [
+        (0, "0-7,40-47,80-87,120-127", 4600000, 2000000), (1, "8-39,48-79,88-119,128-159", 4000000, 2000000)]
+
+
+def test_cpu_kinds_are_read_at_a_start_only_when_the_request_wants_them(tmp_path):
+    assert priority_core_turbo(tmp_path / "a", plan_only=True)["cpus"]["kinds"] == []
+    assert len(priority_core_turbo(tmp_path / "b", plan_only=True, cpu_kinds=True)["cpus"]["kinds"]) == 2
+    assert build(tmp_path / "c", "dual_socket_gpus")["cpus"]["kinds"] == []  # no cpufreq: nothing tells them apart

@@ -323,8 +323,8 @@ def _plan(root: str, args: Args, plan_only: bool = False) -> Tuple[Dict[str, Any
     from ..inputs.request import build_request
     from ..read.topology import read
 
-    topology = read(root, plan_only)
     request = build_request(vars(args))
+    topology = read(root, plan_only, cpu_kinds=not plan_only or request.cores == "fast")
     return topology, plan(topology, request)
 
 

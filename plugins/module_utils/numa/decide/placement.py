@@ -259,6 +259,8 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
     mems_text = cpus_info.get("mems_allowed") or ""
     mems_allowed = set(parse_cpulist(mems_text)) if mems_text else None
     reserved = set(request.reserve_cpus)
+    slower, kind_reasons = _slower_cpus(cpus_info, nodes, allowed - reserved) if request.cores == "fast" else (set(), [])
+    reserved |= slower
     by_id = {node["id"]: node for node in nodes}
     candidates = {}
     excluded = {}
@@ -283,7 +285,7 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
                    far=max(distances.values(), default=REMOTE_DISTANCE), core_of=_sibling_groups(cpus_info),
                    gpus=sorted(topology.get("gpus") or [], key=lambda gpu: gpu["address"]),
                    nics=list(topology.get("nics") or []),
-                   reasons=_cpuset_reasons(online, allowed, request.reserve_cpus))
+                   reasons=_cpuset_reasons(online, allowed, request.reserve_cpus) + kind_reasons)
     hints.reasons.append(_candidate_reason(hints))
     if not candidates:
         raise PlacementError("no usable NUMA node: %s; widen the cpuset (allowed cpus/mems) or shrink "
@@ -370,6 +372,43 @@ def _distance_table(topology: Dict[str, Any], nodes: List[Dict[str, Any]]) -> Di
             if is_kernel_number(str(target)) and _is_number(distance):
                 table[(node["id"], int(target))] = distance
     return table
+
+
+def _slower_cpus(cpus_info: Dict[str, Any], nodes: List[Dict[str, Any]], usable: set) -> Tuple[set, List[str]]:
+    """cores fast: the ``usable`` CPUs of each node that are of a slower kind than its fastest usable one (the
+    facts' ``cpus.kinds``, rank 0 fastest; a CPU of no kind is not known to be slower and stays), and a reason per
+    node that leaves some; none where every CPU is alike."""
+    rank_of = _kind_ranks(cpus_info.get("kinds") or [])
+    if not rank_of:
+        return set(), ["cores fast: every CPU of this host is of one kind (the facts list no cpus.kinds): all of "
+                       "them are used"]
+    slower, reasons = set(), []
+    for node in nodes:
+        mine = sorted(set(node.get("cpus") or []) & usable)
+        fastest = min((rank_of[cpu] for cpu in mine if cpu in rank_of), default=0)
+        left = [cpu for cpu in mine if rank_of.get(cpu, fastest) > fastest]
+        if left:
+            slower.update(left)
+            reasons.append("cores fast: node %s uses its fastest CPUs %s and leaves the slower %s" % (
+                node["id"], format_cpulist(sorted(set(mine) - set(left))), format_cpulist(left)))
+    return slower, reasons
+
+
+def _kind_ranks(kinds: List[Any]) -> Dict[int, int]:
+    """cpu -> the rank of its kind, from the facts' ``cpus.kinds``; PlacementError for a list numa_facts would not
+    write."""
+    ranks = {}
+    for kind in kinds if isinstance(kinds, list) else [kinds]:
+        listed, rank = (kind.get("cpulist"), kind.get("rank")) if isinstance(kind, dict) else (None, None)
+        try:
+            cpus = parse_cpulist(listed) if isinstance(listed, str) else None
+        except NumaError:
+            cpus = None
+        if cpus is None or not _is_number(rank) or rank < 0:
+            raise PlacementError("topology cpus.kinds entry %s has no cpulist and rank: plan on the numa facts as "
+                                 "numa_facts reads them" % shown(kind))
+        ranks.update((cpu, rank) for cpu in cpus)
+    return ranks
 
 
 def _sibling_groups(cpus_info: Dict[str, Any]) -> Dict[int, Tuple[int, ...]]:

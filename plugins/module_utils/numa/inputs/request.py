@@ -40,11 +40,11 @@ START = "start"
 class Option:
     """One request option as Ansible types it (``kind``, ``elements``) and numa-pin spells it (``flag``)."""
 
-    __slots__ = ("name", "kind", "help", "default", "choices", "elements", "stage")
+    __slots__ = ("name", "kind", "help", "default", "choices", "elements", "stage", "recorded_default")
 
     def __init__(self, name: str, kind: str, help_text: str, default: Any = None,
                  choices: Optional[Collection[str]] = None, elements: Optional[str] = None,
-                 stage: str = PLANNER) -> None:
+                 stage: str = PLANNER, recorded_default: bool = True) -> None:
         self.name = name
         self.kind = kind
         self.help = help_text
@@ -52,6 +52,9 @@ class Option:
         self.choices = choices
         self.elements = elements
         self.stage = stage
+        # False for a planner option added after plan records were first written: a request leaves it out at its
+        # default (Request.to_dict), so the records of plans that do not use it stay as written and restart nothing.
+        self.recorded_default = recorded_default
 
     @property
     def flag(self) -> str:
@@ -78,6 +81,8 @@ OPTIONS = (
     Option("memory_headroom", "str", "added to the model size: a share of it, a size, or their sum ('2G', '0')",
            default="10%+1G"),
     Option("smt", "bool", "use every hardware thread; --no-smt: one thread per physical core", default=True),
+    Option("cores", "str", "which CPUs of a node: all, or only its fastest kind (hybrid parts, Priority Core Turbo; "
+                           "the facts' cpus.kinds)", default="all", choices=("all", "fast"), recorded_default=False),
     Option("reserve_cpus", "str", "CPU list never handed out (housekeeping), e.g. 0,1"),
     Option("scope", "str", "place on one NUMA node or a whole socket", default="node", choices=("node", "socket")),
     Option("instances", "int", "how many instances of this service run on the host", default=1),
@@ -152,6 +157,7 @@ class Request:
     model_size: Optional[int]
     memory_headroom: str
     smt: bool
+    cores: str
     reserve_cpus: List[int]
     scope: str
     instances: int
@@ -174,6 +180,7 @@ class Request:
         self.memory_headroom = _headroom_text(self.memory_headroom)
         _check_required_bytes(self)
         self.smt = _boolean("smt", self.smt)
+        self.cores = _choice("cores", self.cores, CHOICES["cores"])
         self.reserve_cpus = [] if self.reserve_cpus is None else _cpu_ids("reserve_cpus", self.reserve_cpus)
         self.scope = _choice("scope", self.scope, CHOICES["scope"])
         self.instances = _int("instances", self.instances, 1, MAX_CPUS)
@@ -210,7 +217,8 @@ class Request:
         return self.model_size + self.headroom_bytes()
 
     def to_dict(self) -> Dict[str, Any]:
-        return {name: copied(getattr(self, name)) for name in self.FIELDS}
+        return {name: copied(getattr(self, name)) for name in self.FIELDS
+                if BY_NAME[name].recorded_default or getattr(self, name) != DEFAULTS[name]}
 
 
 def parse_headroom(text: str) -> Tuple[Union[int, Fraction], int]:

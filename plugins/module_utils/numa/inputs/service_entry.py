@@ -25,8 +25,8 @@ PER_SOCKET_DEFAULTS = {"scope": "socket", "policy": "interleave"}
 # meta/argument_specs.yml's default, for an entry given without its defaults merged (tests hold them equal).
 DEFAULT_LAYOUT = "single"
 # The entry's keys that are request options of the same name (request.OPTIONS).
-SAME_NAME_KEYS = ("model", "node", "memory_headroom", "smt", "reserve_cpus", "scope", "policy", "on_unfit", "engine",
-                  "page_cache", "replica_dir", "port_base")
+SAME_NAME_KEYS = ("model", "node", "memory_headroom", "smt", "cores", "reserve_cpus", "scope", "policy", "on_unfit",
+                  "engine", "page_cache", "replica_dir", "port_base")
 
 
 def service_requests(entry: Mapping[str, Any], topology: Mapping[str, Any]) -> Dict[str, Any]:

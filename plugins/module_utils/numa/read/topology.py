@@ -74,11 +74,12 @@ KINDS = {(True, True): "cpus_and_memory", (True, False): "cpus_only", (False, Tr
 class _Reader:
     """File access under a root prefix that records what could not be read."""
 
-    def __init__(self, tree: Root, plan_only: bool = False) -> None:
+    def __init__(self, tree: Root, plan_only: bool = False, cpu_kinds: bool = True) -> None:
         self.tree = tree
         self.warnings = []  # type: List[str]
         # Skip what neither placement.plan() nor numa-pin exec uses (see read()).
         self.plan_only = plan_only
+        self.cpu_kinds = cpu_kinds
         # Bounds of every CPU and node number read, once the possible ones are known.
         self.cpu_limit = MAX_CPUS
         self.node_limit = MAX_NODES
@@ -149,15 +150,16 @@ class _Reader:
         self.warnings.append(printable(message))
 
 
-def read(root: str = "/", plan_only: bool = False) -> Dict[str, Any]:
+def read(root: str = "/", plan_only: bool = False, cpu_kinds: Optional[bool] = None) -> Dict[str, Any]:
     """Return the topology of the machine whose filesystem root is ``root``.
 
     ``plan_only`` reads just what placement.plan() and numa-pin exec use, for the start of
     every service: ``l3_groups``, ``caches``, each node's ``hugepages``, ``nics`` and ``nvme``
-    stay empty, and ``kernel`` holds only ``weighted_interleave``.
+    stay empty, and ``kernel`` holds only ``weighted_interleave``; ``cpus.kinds`` (a few files
+    per CPU) only when ``cpu_kinds`` asks for it (a request for the fast cores).
     """
     with _opened(root) as tree:
-        return _read_tree(root, _Reader(tree, plan_only))
+        return _read_tree(root, _Reader(tree, plan_only, not plan_only if cpu_kinds is None else cpu_kinds))
 
 
 def memory_tiers(root: str = "/") -> List[Dict[str, Any]]:
@@ -255,6 +257,7 @@ def _read_cpus(reader: _Reader) -> Dict[str, Any]:
         "siblings": siblings,
         "l3_groups": [] if reader.plan_only else _l3_groups(reader, online),
         "caches": {} if reader.plan_only else _cache_sizes(reader, online),
+        "kinds": _cpu_kinds(reader, online) if reader.cpu_kinds else [],
         "_online": online,
         "_package_of": package_of,
     }
@@ -282,6 +285,55 @@ def _cpu_is_online(reader: _Reader, cpu: int) -> bool:
         rel = "%s/cpu%d/online" % (CPU_DIR, cpu)
         reader.warn("%s: expected 0 or 1, found %s; counted as online" % (rel, reader.quote(rel, state)))
     return state != "0"
+
+
+# What sets CPU kinds apart, as hwloc's cpukinds read it from sysfs, strongest first: the scheduler's capacity
+# (asymmetric arm64, x86 hybrid parts on recent kernels), then the highest and the base frequency cpufreq reports
+# (hybrid parts, Priority Core Turbo's high-priority cores, cores the platform caps).
+KIND_FILES = (("capacity", "cpu_capacity"), ("max_freq_khz", "cpufreq/cpuinfo_max_freq"),
+              ("base_freq_khz", "cpufreq/base_frequency"))
+# Maximum frequencies this close are one kind, as hwloc counts them: Turbo Boost Max 3.0 gives a few cores of a
+# kind some 5 % more, a preference for one busy thread, not a faster kind for a server's many.
+SAME_MAX_FREQ = 0.9
+# Above any capacity (1024 at most) or frequency (kHz) a kernel reports: a bigger number is garbage.
+_MAX_KIND_VALUE = 10 ** 9
+
+
+def _cpu_kinds(reader: _Reader, online: List[int]) -> List[Dict[str, Any]]:
+    """The online CPUs grouped by what KIND_FILES say of each (maximum frequencies within SAME_MAX_FREQ of a
+    kind's highest counted as one), fastest first: ``rank`` 0 has the highest capacity, then maximum, then base
+    frequency. A CPU that says nothing is of no kind (as in hwloc: not known to be slower). [] when the CPUs that
+    say something are all alike."""
+    values = {cpu: tuple(_kind_value(reader, "%s/cpu%d/%s" % (CPU_DIR, cpu, name)) for _field, name in KIND_FILES)
+              for cpu in online}
+    kinds = []  # type: List[Tuple[Tuple[Optional[int], ...], List[int]]]
+    for cpu in sorted((cpu for cpu in online if values[cpu] != (None,) * len(KIND_FILES)),
+                      key=lambda cpu: [(value is not None, value or 0) for value in values[cpu]], reverse=True):
+        mine = [cpus for key, cpus in kinds if _same_kind(key, values[cpu])]
+        if mine:
+            mine[0].append(cpu)
+        else:
+            kinds.append((values[cpu], [cpu]))
+    if len(kinds) < 2:
+        return []
+    return [dict(zip([field for field, _name in KIND_FILES], key), cpulist=format_cpulist(sorted(cpus)), rank=rank)
+            for rank, (key, cpus) in enumerate(kinds)]
+
+
+def _same_kind(kind: Tuple[Optional[int], ...], cpu: Tuple[Optional[int], ...]) -> bool:
+    """Whether a CPU's values (ranked after the kind's first, its highest) are the kind's."""
+    (capacity, max_freq, base_freq), (cpu_capacity, cpu_max, cpu_base) = kind, cpu
+    if (capacity, base_freq, max_freq is None) != (cpu_capacity, cpu_base, cpu_max is None):
+        return False
+    return max_freq is None or cpu_max >= max_freq * SAME_MAX_FREQ
+
+
+def _kind_value(reader: _Reader, rel: str) -> Optional[int]:
+    number = reader.integer(rel, required=False)
+    if number is not None and not 0 < number < _MAX_KIND_VALUE:
+        reader.warn("%s: expected a positive number below %d, found %d" % (rel, _MAX_KIND_VALUE, number))
+        return None
+    return number
 
 
 def _list_file(reader: _Reader, rel: str) -> str:
