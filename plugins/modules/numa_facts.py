@@ -103,14 +103,16 @@ ansible_facts:
                    "caches": {"l1d_kb": 48, "l2_kb": 2048, "l3_kb": 32768}, "kinds": [],
                    "packages": [{"id": 0, "cpulist": "0-39,80-119", "nodes": [0]}]}
         gpus:
-          description: GPUs with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist, cuda_index.
+          description: GPUs with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist, pci_path (host
+            bridge, then the bridges below it), cuda_index.
           type: list
           elements: dict
           sample: [{"address": "0000:81:00.0", "vendor_id": "0x10de", "vendor": "nvidia", "device_id": "0x2330",
-                    "class": "0x030200", "numa_node": 1, "local_cpulist": "40-79,120-159", "cuda_index": 0}]
+                    "class": "0x030200", "numa_node": 1, "local_cpulist": "40-79,120-159",
+                    "pci_path": ["pci0000:80", "0000:80:01.0"], "cuda_index": 0}]
         nics:
           description: Network adapters with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist,
-            name.
+            pci_path, name.
           type: list
           elements: dict
           sample: [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other", "device_id": "0x101d",

@@ -122,6 +122,20 @@ def test_dump_pci_devices_match_raw_classes(dump_roots, name):
             assert device["numa_node"] == int(listed)
 
 
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_pci_paths_are_the_bus_links_bridges(dump_roots, name):
+    """Each GPU's and NIC's pci_path is what its sys/bus/pci/devices link names between the host bridge and the
+    device, read here with os.readlink and a regular expression."""
+    root = dump_roots[name]
+    facts = read(root)
+    for device in facts["gpus"] + facts["nics"]:
+        link = os.path.join(root, "sys/bus/pci/devices", device["address"])
+        found = re.search(r"/(pci[0-9a-f]{4,8}:[0-9a-f]{2}(?:/[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])*)$",
+                          os.readlink(link)) if os.path.islink(link) else None
+        expected = found.group(1).split("/")[:-1] if found and found.group(1).endswith(device["address"]) else []
+        assert device["pci_path"] == expected, device["address"]
+
+
 def hwloc_kinds(name):
     """The CPU kinds hwloc found when the dump was captured, fastest first, from its console output ("CPU kind #i
     efficiency e cpuset 0x...") or its XML (<cpukind cpuset=...>, which orders them the same way); None when the

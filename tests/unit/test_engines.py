@@ -63,6 +63,10 @@ def test_trtllm_spanning_turns_its_per_rank_affinity_on():
                                          ("trtllm", {"TLLM_NUMA_AWARE_WORKER_AFFINITY": "0"}), ("generic", {})])
 def test_on_one_node_the_engines_own_binder_stays_off(engine, env):
     result = one_node(engine)
+    if ENGINES[engine].nccl:  # and NCCL is told the RDMA NICs of the GPUs' node (dgx_like: no switches known)
+        nodes = {entry["node"] for entry in result.gpu_map}
+        env = dict(env, NCCL_IB_HCA="=" + ",".join(nic["rdma_name"] for nic in tf.dgx_like()["nics"]
+                                                    if nic["numa_node"] in nodes))
     assert result.engine["args"] == [] and result.engine["requires"] == [] and result.engine["env"] == env
     assert all(result.env[name] == value for name, value in env.items())
 
@@ -190,3 +194,36 @@ def test_each_record_is_whole(name):
     assert record.name == name and record.api in engines.APIS
     assert record.health_path is None or record.health_path.startswith("/")
     assert all(flag.startswith("--") and variable and why for flag, variable, why in record.conflicts)
+
+
+# --- the NICs NCCL is told: nearest each GPU ----------------------------------------------------------------------
+
+def test_each_gpus_nics_are_listed_nearest_first_and_nccl_gets_the_nearest_rdma_ones():
+    topology = tf.dgx_switches()
+    first = plan(topology, Request(gpus="0000:12:00.0", engine="vllm"))
+    assert [(nic["rdma_name"], nic["near"]) for nic in first.gpu_map[0]["nics"]] == [
+        ("mlx5_0", "pcie_switch"), ("mlx5_1", "host_bridge")]
+    assert first.env["NCCL_IB_HCA"] == "=mlx5_0"
+    # Socket 1's four GPUs: each switch's NIC, once; the Ethernet NIC beside two of them has no RDMA device.
+    four = plan(topology, Request(gpus="0000:92:00.0,0000:93:00.0,0000:b2:00.0,0000:b3:00.0", engine="sglang"))
+    assert [nic["name"] for nic in four.gpu_map[2]["nics"]] == ["ibp11", "eth0", "ibp10"]
+    assert four.env["NCCL_IB_HCA"] == "=mlx5_2,mlx5_3"
+    assert "NCCL_IB_HCA==mlx5_2,mlx5_3: the RDMA NIC(s) nearest each GPU" in "\n".join(four.reasons)
+
+
+def test_a_gpu_without_an_rdma_nic_near_it_leaves_nccl_to_choose_and_says_so():
+    topology = tf.dgx_switches()
+    topology["nics"] = [nic for nic in topology["nics"] if nic["numa_node"] == 0]
+    result = plan(topology, Request(gpus="0000:12:00.0,0000:92:00.0", engine="trtllm"))
+    assert "NCCL_IB_HCA" not in result.env
+    assert "NCCL_IB_HCA left to NCCL: GPU(s) 0000:92:00.0 have no RDMA NIC on their node" in "\n".join(result.reasons)
+
+
+def test_engines_without_nccl_and_hosts_without_rdma_nics_get_no_nic_variable():
+    assert "NCCL_IB_HCA" not in plan(tf.dgx_switches(), Request(gpus=2, engine="llama.cpp")).env
+    assert "NCCL_IB_HCA" not in plan(tf.dgx_switches(), Request(gpus=2)).env
+    plain = tf.dgx_switches()
+    plain["nics"] = [nic for nic in plain["nics"] if not nic["rdma_name"]]
+    result = plan(plain, Request(gpus=2, engine="vllm"))
+    assert "NCCL_IB_HCA" not in result.env and not [reason for reason in result.reasons if "NCCL" in reason]
+

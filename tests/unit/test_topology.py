@@ -62,7 +62,7 @@ def test_gpus_by_pci_class_without_bmc_or_nvswitch(tmp_path):
     assert node(facts, 0)["gpus"] == []
     assert facts["nics"] == [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other",
                               "device_id": "0x101d", "class": "0x020000", "numa_node": 1, "locality": "numa_node",
-                              "local_cpulist": "40-79,120-159", "name": "ens1f0", "rdma_name": None}]
+                              "local_cpulist": "40-79,120-159", "pci_path": [], "name": "ens1f0", "rdma_name": None}]
     assert [(d["address"], d["name"]) for d in facts["nvme"]] == [("0000:01:00.0", "nvme0")]
 
 
@@ -463,3 +463,37 @@ def test_cpu_kinds_are_read_at_a_start_only_when_the_request_wants_them(tmp_path
     assert priority_core_turbo(tmp_path / "a", plan_only=True)["cpus"]["kinds"] == []
     assert len(priority_core_turbo(tmp_path / "b", plan_only=True, cpu_kinds=True)["cpus"]["kinds"]) == 2
     assert build(tmp_path / "c", "dual_socket_gpus")["cpus"]["kinds"] == []  # no cpufreq: nothing tells them apart
+
+
+SWITCH = ["pci0000:80", "0000:80:01.0", "0000:81:00.0"]
+
+
+def test_a_devices_pci_path_is_read_from_its_bus_link_without_following_it(tmp_path):
+    machine = sysfs.dual_socket_gpus()
+    machine.add_pci("0000:82:00.0", 0x030200, 0x10de, 0x2330, 1, range(40, 80), bridges=SWITCH)
+    machine.add_pci("0000:83:00.0", 0x020700, 0x15b3, 0x101d, 1, range(40, 80), net="ibp1", rdma="mlx5_1",
+                    bridges=SWITCH + ["0000:82:01.0"])
+    facts = read(machine.write(str(tmp_path)))
+    by_address = {device["address"]: device for device in facts["gpus"] + facts["nics"]}
+    assert by_address["0000:82:00.0"]["pci_path"] == SWITCH
+    assert by_address["0000:83:00.0"]["pci_path"] == SWITCH + ["0000:82:01.0"]
+    assert by_address["0000:83:00.0"]["rdma_name"] == "mlx5_1"  # read through the link, inside the root
+    assert by_address["0000:81:00.0"]["pci_path"] == []  # a directory, as some captures copy them: no path known
+    assert facts["warnings"] == []
+
+
+@pytest.mark.parametrize("target, device", [
+    ("../../../devices/pci0000:80/0000:80:01.0/0000:99:00.0", "sys/devices/pci0000:80/0000:80:01.0/0000:99:00.0"),
+    ("../../../devices/pci0000:80/../../../../etc/0000:82:00.0", "etc/0000:82:00.0"),  # climbs: stops at the root
+    ("../../../devices/pci0000:80/x\x1b[2J/0000:82:00.0", "sys/devices/pci0000:80/x\x1b[2J/0000:82:00.0")])
+def test_a_bus_link_that_does_not_lead_to_its_device_by_pci_addresses_is_a_warning(tmp_path, target, device):
+    machine = sysfs.dual_socket_gpus()
+    machine.put("sys/devices/pci0000:80/uevent", "")  # the host bridge's directory, which the link climbs out of
+    machine.put(device + "/class", "0x030200")
+    machine.link("sys/bus/pci/devices/0000:82:00.0", target)
+    facts = read(machine.write(str(tmp_path)))
+    json.dumps(facts)
+    assert all(device.get("pci_path") == [] for device in facts["gpus"] if device["address"] == "0000:82:00.0")
+    warned = [warning for warning in facts["warnings"] if "0000:82:00.0" in warning and "host bridge" in warning]
+    assert len(warned) == 1 and "\x1b" not in warned[0], facts["warnings"]
+

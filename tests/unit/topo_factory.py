@@ -43,19 +43,20 @@ def make_node(node_id: int, cpus: Sequence[int] = (), total_gib: float = 64, ava
 
 def make_gpu(address: str, numa_node: Optional[int], vendor: str = "nvidia",
              cuda_index: Optional[int] = None, klass: str = "0x030200",
-             memory_node: Optional[int] = None) -> Dict[str, Any]:
+             memory_node: Optional[int] = None, pci_path: Sequence[str] = ()) -> Dict[str, Any]:
     vendor_ids = {"nvidia": "0x10de", "amd": "0x1002", "intel": "0x8086", "other": "0x1234"}
     return {"address": address, "vendor_id": vendor_ids.get(vendor, "0xffff"), "vendor": vendor,
             "device_id": "0x0001", "class": klass, "numa_node": numa_node,
-            "locality": None if numa_node is None else "numa_node", "local_cpulist": "",
+            "locality": None if numa_node is None else "numa_node", "local_cpulist": "", "pci_path": list(pci_path),
             "cuda_index": cuda_index, "memory_node": memory_node}
 
 
-def make_nic(address: str, numa_node: Optional[int], name: str, rdma_name: Optional[str] = None) -> Dict[str, Any]:
+def make_nic(address: str, numa_node: Optional[int], name: str, rdma_name: Optional[str] = None,
+             pci_path: Sequence[str] = ()) -> Dict[str, Any]:
     return {"address": address, "vendor_id": "0x15b3", "vendor": "other", "device_id": "0x101d",
             "class": "0x020700" if rdma_name else "0x020000", "numa_node": numa_node,
-            "locality": None if numa_node is None else "numa_node", "local_cpulist": "", "name": name,
-            "rdma_name": rdma_name}
+            "locality": None if numa_node is None else "numa_node", "local_cpulist": "", "pci_path": list(pci_path),
+            "name": name, "rdma_name": rdma_name}
 
 
 def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int]]] = None,
@@ -182,6 +183,33 @@ def dgx_like(**overrides: Any) -> Dict[str, Any]:
     nics = [make_nic("0000:%02x:00.0" % (0x17 + 0x10 * index), index % 2, "ibp%d" % index, "mlx5_%d" % index)
             for index in range(4)]
     return make_topology(nodes, gpus=gpus, nics=nics, siblings=smt_pairs(112), **overrides)
+
+
+def dgx_switches(**overrides: Any) -> Dict[str, Any]:
+    """dgx_like's sockets with its GPUs and NICs behind PCIe switches, as on an 8-GPU board: each socket's host
+    bridge has two root ports, each with a switch holding two GPUs and one RDMA NIC (ibp<s><k>, mlx5_<2s+k>); socket
+    1's second switch also holds an Ethernet NIC without RDMA."""
+    topology = dgx_like(**overrides)
+    gpus, nics = [], []
+    for socket in range(2):
+        for switch in range(2):
+            bus = 0x10 + 0x80 * socket + 0x20 * switch  # the switch's upstream port's bus; its downstream ports' next
+            bridges = ["pci0000:%02x" % (0x10 + 0x80 * socket), "0000:%02x:%02x.0" % (0x10 + 0x80 * socket, switch + 1),
+                       "0000:%02x:00.0" % bus]
+            for port in range(3):  # two GPUs, then the NIC, each below its own downstream port
+                below = bridges + ["0000:%02x:%02x.0" % (bus + 1, port)]
+                if port < 2:
+                    gpus.append(make_gpu("0000:%02x:00.0" % (bus + 2 + port), socket, pci_path=below))
+                else:
+                    nics.append(make_nic("0000:%02x:00.0" % (bus + 4), socket, "ibp%d%d" % (socket, switch),
+                                         "mlx5_%d" % (2 * socket + switch), below))
+    nics.append(make_nic("0000:b5:00.0", 1, "eth0", None, ["pci0000:90", "0000:90:02.0", "0000:b0:00.0",
+                                                           "0000:b1:03.0"]))
+    topology["gpus"], topology["nics"] = gpus, nics
+    for node in topology["nodes"]:
+        node["gpus"] = [gpu["address"] for gpu in gpus if gpu["numa_node"] == node["id"]]
+    _fill_cuda_indexes(topology["gpus"])
+    return topology
 
 
 def nps4_eight_gpus(**overrides: Any) -> Dict[str, Any]:

@@ -52,15 +52,16 @@ class Engine:
     reads as that flag, why); ``health_path``, where it answers HTTP 200 once ready (None: none known, its port
     is probed); ``api``, the one of ``APIS`` an A/B gate set to ``auto`` asks it by."""
 
-    __slots__ = ("name", "recipe", "conflicts", "health_path", "api")
+    __slots__ = ("name", "recipe", "conflicts", "health_path", "api", "nccl")
 
     def __init__(self, name: str, recipe: Recipe, conflicts: Tuple[Tuple[str, str, str], ...] = (),
-                 health_path: Optional[str] = None, api: str = OPENAI_API) -> None:
+                 health_path: Optional[str] = None, api: str = OPENAI_API, nccl: bool = False) -> None:
         self.name = name
         self.recipe = recipe
         self.conflicts = conflicts
         self.health_path = health_path
         self.api = api
+        self.nccl = nccl  # its GPUs talk over NCCL (RCCL reads the same variables): it is told their nearest NICs
 
 
 def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
@@ -69,6 +70,9 @@ def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
     runs, ``conflicts`` flags of its command that would undo the binding."""
     record = ENGINES[engine]
     args, env, requires, reasons = record.recipe(gpu_map, spanning)
+    if record.nccl:
+        nic_env, nic_reasons = nccl_nics(gpu_map)
+        env, reasons = dict(env, **nic_env), reasons + nic_reasons
     return {"engine": engine, "args": args, "env": env, "requires": requires,
             "conflicts": sorted(flag for flag, _variable, _why in record.conflicts), "reasons": reasons}
 
@@ -86,6 +90,30 @@ def conflicting_flags(engine: str, argv: Sequence[str], environ: Optional[Mappin
             found.append("%s in the environment, which %s reads as %s (%s; unset it: drop it from the service's "
                          "environment)" % (variable, engine, flag, why))
     return found
+
+
+def nccl_nics(gpu_map: GpuMap) -> Tuple[Dict[str, str], List[str]]:
+    """``NCCL_IB_HCA`` naming, exactly (``=``), the RDMA devices nearest each GPU of the map (its ``nics``, nearest
+    first), so NCCL's traffic leaves by a NIC on the GPU's own switch or node, never across the socket link; unset,
+    with the reason, when a GPU has none near it. Nothing where the map names no RDMA NIC at all (one host's GPUs
+    talk over NVLink or PCIe). NCCL_SOCKET_IFNAME is never set: its bootstrap needs an interface with an address,
+    which sysfs does not show."""
+    nearest = []  # type: List[List[str]]
+    for gpu in gpu_map:
+        rdma = [nic for nic in gpu.get("nics") or () if nic.get("rdma_name")]
+        nearest.append([nic["rdma_name"] for nic in rdma if nic.get("near") == rdma[0].get("near")] if rdma else [])
+    if not any(nearest):
+        return {}, []
+    lonely = [gpu["gpu"] for gpu, names in zip(gpu_map, nearest) if not names]
+    if lonely:
+        return {}, ["NCCL_IB_HCA left to NCCL: GPU(s) %s have no RDMA NIC on their node (their traffic crosses the "
+                    "socket link)" % ", ".join(lonely)]
+    names = []  # type: List[str]
+    for group in nearest:
+        names.extend(name for name in group if name not in names)
+    return {"NCCL_IB_HCA": "=" + ",".join(names)}, [
+        "NCCL_IB_HCA=%s: the RDMA NIC(s) nearest each GPU (%s)" % ("=" + ",".join(names), "; ".join(
+            "%s: %s" % (gpu["gpu"], "/".join(group)) for gpu, group in zip(gpu_map, nearest)))]
 
 
 def _generic(gpu_map: GpuMap, spanning: bool) -> Parts:
@@ -147,9 +175,9 @@ ENGINES = {engine.name: engine for engine in (
     Engine("llama.cpp", _llama_cpp, (
         ("--numa", "LLAMA_ARG_NUMA", "llama.cpp's --numa resets its main thread's CPU affinity to all CPUs after "
                                      "each graph, outside the plan"),), "/health", LLAMA_CPP_API),
-    Engine("vllm", _vllm, health_path="/health"),
-    Engine("sglang", _sglang, health_path="/health"),
-    Engine("trtllm", _trtllm, health_path="/health"),
+    Engine("vllm", _vllm, health_path="/health", nccl=True),
+    Engine("sglang", _sglang, health_path="/health", nccl=True),
+    Engine("trtllm", _trtllm, health_path="/health", nccl=True),
 )}  # type: Dict[str, Engine]
 
 

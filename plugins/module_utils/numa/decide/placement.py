@@ -951,10 +951,45 @@ def _gpu_map(hints: _Hints, placement: _Placement, cpus: List[int],
         result.append({
             "gpu": gpu["address"], "node": node, "cpulist": format_cpulist(worker_cpus),
             "mem_nodes": memory or sorted(placement.mem_nodes), "memory_node": gpu.get("memory_node"),
-            "nics": [{"address": nic.get("address"), "name": nic.get("name"), "rdma_name": nic.get("rdma_name")}
-                     for nic in hints.nics if nic.get("numa_node") == node],
+            "nics": _near_nics(hints.nics, gpu, node),
         })
     return result, reasons
+
+
+# How near a NIC is to a GPU, nearest first (NCCL's PIX/PXB, PHB and NODE): they share a PCIe bridge (traffic
+# between them stays below it), a host bridge, or only the worker's NUMA node.
+NIC_NEARNESS = ("pcie_switch", "host_bridge", "node")
+
+
+def _near_nics(nics: List[Dict[str, Any]], gpu: Dict[str, Any], node: int) -> List[Dict[str, Any]]:
+    """The NICs near ``gpu`` (its worker on ``node``), nearest first (NIC_NEARNESS), each with how near."""
+    found = []
+    for nic in nics:
+        near = _nic_nearness(gpu, nic, node)
+        if near:
+            found.append({"address": nic.get("address"), "name": nic.get("name"), "rdma_name": nic.get("rdma_name"),
+                          "near": near})
+    return sorted(found, key=lambda nic: (NIC_NEARNESS.index(nic["near"]), str(nic["address"])))
+
+
+def _nic_nearness(gpu: Dict[str, Any], nic: Dict[str, Any], node: int) -> Optional[str]:
+    """One of NIC_NEARNESS by the devices' facts ``pci_path`` (host bridge, then the bridges below it) and the NIC's
+    node; None when it is on another node."""
+    shared = 0
+    for mine, theirs in zip(_bridges(gpu), _bridges(nic)):
+        if mine != theirs:
+            break
+        shared += 1
+    if shared > 1:
+        return NIC_NEARNESS[0]
+    if shared:
+        return NIC_NEARNESS[1]
+    return NIC_NEARNESS[2] if nic.get("numa_node") == node else None
+
+
+def _bridges(device: Dict[str, Any]) -> List[str]:
+    path = device.get("pci_path")
+    return path if isinstance(path, list) and all(isinstance(part, str) for part in path) else []
 
 
 def _core_share(hints: _Hints, cpus: List[int], rank: int, sharers: int, smt: bool) -> List[int]:

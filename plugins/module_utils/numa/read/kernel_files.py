@@ -135,6 +135,20 @@ class Root:
                 os.close(fd)
         return os.listdir(self._lookup(rel, want_directory=True))  # listdir dups the fd it is given
 
+    def link_text(self, rel: str) -> str:
+        """What the symbolic link ``rel`` holds, as text: never followed (a sysfs device link names the device's
+        place in the bus, which is all a caller wants of it). OSError when ``rel`` is no link."""
+        parent, name = rel.rpartition("/")[::2]
+        if self._root_fd is None:
+            return os.readlink(self.prefix + rel)
+        if self._kernel_resolves:
+            fd = open_in_root(self._root_fd, parent, _DIR_FLAGS & ~os.O_NOFOLLOW)  # type: ignore[arg-type]
+            try:
+                return os.readlink(name, dir_fd=fd)
+            finally:
+                os.close(fd)
+        return os.readlink(name, dir_fd=self._lookup(parent, want_directory=True))
+
     def exists(self, rel: str) -> bool:
         if self._root_fd is None:
             return os.path.exists(self.prefix + rel)

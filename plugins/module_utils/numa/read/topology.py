@@ -136,6 +136,15 @@ class _Reader:
             self.warn("%s: not a CPU/node list of numbers below %d: %s" % (rel, limit, self.quote(rel, raw)))
             return None
 
+    def link(self, rel: str) -> Optional[str]:
+        """The text of the symbolic link ``rel`` (never followed); None when it is none, unreadable or absent."""
+        try:
+            return self.tree.link_text(rel)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOENT):  # EINVAL: a directory, as some captures copy them
+                self.warn("%s: cannot read the link (%s)" % (rel, exc.strerror or exc))
+            return None
+
     def nodes(self, rel: str) -> Optional[List[int]]:
         """A kernel nodelist file (``has_memory``: "0-1,8"); None when absent, unreadable or garbage."""
         return self.cpus(rel, required=False, limit=self.node_limit)
@@ -870,7 +879,40 @@ def _pci_record(reader: _Reader, base: str, address: str, device_class: int,
         "numa_node": numa_node,
         "locality": locality,
         "local_cpulist": format_cpulist(local_cpus or []),
+        "pci_path": _pci_path(reader, base, address),
     }
+
+
+def _pci_path(reader: _Reader, base: str, address: str) -> List[str]:
+    """The device's way up to the CPU, from its sysfs link (``../../../devices/pci0000:17/0000:17:00.0/
+    0000:18:00.0/0000:19:04.0``): its host bridge (``pci0000:17``), then each bridge below it, the root port first;
+    [] when the link says nothing of that. Two devices that share a bridge talk through a PCIe switch, not the CPU."""
+    text = reader.link(base)
+    parts = (text or "").split("/")
+    hosts = [index for index, part in enumerate(parts) if _is_host_bridge(part)]
+    if not hosts:
+        return []
+    path = parts[hosts[0]:]
+    if path[-1] != address or not all(_is_pci_address(part) for part in path[1:]):
+        reader.warn("%s: a link that does not lead from a host bridge to %s through PCI addresses: %s" % (
+            base, address, reader.quote(base, text or "")))
+        return []
+    return path[:-1]
+
+
+def _is_host_bridge(name: str) -> bool:
+    """``pci0000:17``: a PCI host bridge's directory, by domain and bus."""
+    domain, bus = name[3:].partition(":")[::2]
+    return name[:3] == "pci" and 4 <= len(domain) <= 8 and len(bus) == 2 and not (domain + bus).strip(HEX_DIGITS)
+
+
+def _is_pci_address(name: str) -> bool:
+    """``0000:19:04.0`` (a 4 to 8 digit domain, bus, device, function), as sysfs names a PCI device."""
+    domain, rest = name.partition(":")[::2]
+    bus, rest = rest.partition(":")[::2]
+    device, function = rest.partition(".")[::2]
+    return (4 <= len(domain) <= 8 and len(bus) == 2 and len(device) == 2 and len(function) == 1
+            and not (domain + bus + device + function).strip(HEX_DIGITS))
 
 
 def _pci_id(reader: _Reader, rel: str) -> Optional[str]:
