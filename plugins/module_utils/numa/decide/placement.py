@@ -259,7 +259,8 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
     mems_text = cpus_info.get("mems_allowed") or ""
     mems_allowed = set(parse_cpulist(mems_text)) if mems_text else None
     reserved = set(request.reserve_cpus)
-    slower, kind_reasons = _slower_cpus(cpus_info, nodes, allowed - reserved) if request.cores == "fast" else (set(), [])
+    slower, kind_reasons = (_slower_cpus(cpus_info, nodes, allowed - reserved) if request.cores == "fast"
+                            else (set(), []))
     reserved |= slower
     by_id = {node["id"]: node for node in nodes}
     candidates = {}
