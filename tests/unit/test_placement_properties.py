@@ -342,6 +342,27 @@ def test_smt_off_hands_out_one_cpu_per_core(data):
 
 @SETTINGS
 @given(st.data())
+def test_cores_fast_hands_out_only_each_nodes_fastest_usable_kind(data):
+    topology = data.draw(topologies())
+    online = sorted(cpu for node in topology["nodes"] for cpu in node["cpus"])
+    rank_of = {cpu: data.draw(st.sampled_from([0, 1, 2, None])) for cpu in online}  # None: a CPU of no kind
+    ranks = sorted({rank for rank in rank_of.values() if rank is not None})
+    topology["cpus"]["kinds"] = [{"cpulist": format_cpulist([cpu for cpu in online if rank_of[cpu] == rank]),
+                                  "rank": rank} for rank in ranks] if len(ranks) > 1 else []
+    _topology, request, result = drawn_plan_on(data, topology, cores="fast")
+    allowed = set(parse_cpulist(topology["cpus"]["allowed"])) or set(online)
+    for node in topology["nodes"]:
+        mine = set(node["cpus"]) & allowed - set(request.reserve_cpus)
+        known = [rank_of[cpu] for cpu in mine if rank_of[cpu] is not None]
+        if len(ranks) < 2 or not known:
+            continue
+        handed = mine & set(result.cpus)
+        event("reached: a node's fast cores checked" if handed else "not reached: the plan has no CPU on this node")
+        assert all(rank_of[cpu] in (None, min(known)) for cpu in handed), (node["id"], handed, rank_of)
+
+
+@SETTINGS
+@given(st.data())
 def test_instances_split_cpus_unless_a_node_is_too_small(data):
     topology = data.draw(topologies())
     # Several instances, mostly more than the cores of a usable node they are pinned to: a node too small
