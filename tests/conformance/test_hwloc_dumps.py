@@ -21,6 +21,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import governor
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import PlacementError, Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
@@ -134,6 +135,23 @@ def test_dump_pci_paths_are_the_bus_links_bridges(dump_roots, name):
                           os.readlink(link)) if os.path.islink(link) else None
         expected = found.group(1).split("/")[:-1] if found and found.group(1).endswith(device["address"]) else []
         assert device["pci_path"] == expected, device["address"]
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_cpufreq_policies_are_the_raw_files(dump_roots, name):
+    """numa_governor's reading of each cpufreq policy (its CPUs, governor and the governors it offers) is what the
+    dump's files say, read here as plain text."""
+    root = dump_roots[name]
+    directory = os.path.join(root, "sys/devices/system/cpu/cpufreq")
+    names = [entry for entry in (os.listdir(directory) if os.path.isdir(directory) else [])
+             if re.match(r"policy\d+$", entry)]
+    expected = {entry: (ids_of((raw(root, "sys/devices/system/cpu/cpufreq/%s/related_cpus" % entry) or "")
+                               .replace(" ", ",")),
+                        raw(root, "sys/devices/system/cpu/cpufreq/%s/scaling_governor" % entry),
+                        tuple((raw(root, "sys/devices/system/cpu/cpufreq/%s/scaling_available_governors" % entry)
+                               or "").split())) for entry in names}
+    assert {policy.name: (set(policy.cpus), policy.governor, policy.available)
+            for policy in governor.read_policies(root)} == expected
 
 
 def hwloc_kinds(name):

@@ -16,12 +16,12 @@ from ansible.release import __version__ as ANSIBLE_VERSION
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import cost
 from ansible_collections.inferops.numa.plugins.modules import (
-    numa_audit, numa_balancing, numa_cost, numa_facts, numa_plan, numa_weights)
+    numa_audit, numa_balancing, numa_cost, numa_facts, numa_governor, numa_plan, numa_weights)
 
 from tests.ansible_compat import patch_module_args
 from tests.fixtures import sysfs
 from tests.tools import ansible_command
-from tests.unit import test_cost_engine
+from tests.unit import test_cost_engine, test_governor
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FILTER_DIR = os.path.join(REPO, "plugins", "filter")
@@ -40,7 +40,8 @@ print(json.dumps({name: [[p.name, p.default is inspect.Parameter.empty, None if 
 FILTERS = json.loads(subprocess.run([sys.executable, "-c", SIGNATURES_SCRIPT, os.path.join(REPO, "build")],
                                     stdout=subprocess.PIPE, universal_newlines=True, check=True).stdout)
 MODULES = {"numa_audit": numa_audit, "numa_balancing": numa_balancing, "numa_cost": numa_cost,
-           "numa_facts": numa_facts, "numa_plan": numa_plan, "numa_weights": numa_weights}
+           "numa_facts": numa_facts, "numa_governor": numa_governor, "numa_plan": numa_plan,
+           "numa_weights": numa_weights}
 
 
 def _filter_doc(name):
@@ -242,6 +243,13 @@ def test_numa_weights_returns_what_it_documents(tmp_path, capsys):
     result = _run_module(numa_weights, {"root": root, "record_dir": str(tmp_path / "none")}, capsys)
     assert result["changed"] and result["source"] == "hmat"
     assert _keys(_common(result), _returns(numa_weights)) == _documented(_returns(numa_weights))
+
+
+def test_numa_governor_returns_what_it_documents(tmp_path, capsys):
+    root = test_governor.host(tmp_path)
+    result = _run_module(numa_governor, {"root": root, "governor": "performance"}, capsys)
+    assert result["changed"] and result["policies"]["policy1"]["after"] == "performance"
+    assert _keys(_common(result), _returns(numa_governor)) == _documented(_returns(numa_governor))
 
 
 # --- roles --------------------------------------------------------------------------------------------
