@@ -286,10 +286,11 @@ def service_entry(service: str, **changes) -> dict:
     return dict(entry, **changes)
 
 
-def changed_vars(tmp_path, step: str, service: str, **changes) -> str:
-    """``-e @FILE`` of RUN_VARS with one service's entry changed by ``changes``: the file's path."""
-    return services_vars(tmp_path, step, [service_entry(service, **changes) if entry["name"] == service else entry
-                                          for entry in json.loads(run_vars())["inference_service_list"]])
+def service_vars(tmp_path, step: str, service: str, **changes) -> str:
+    """``-e @FILE`` of RUN_VARS whose service list is ``service``'s entry alone, changed by ``changes``: the file's
+    path. The role deploys that service only; the others, unlisted, run on as they are (the role warns about each,
+    and takes back only what inference_service_remove names), so a converge spends no module runs on them."""
+    return services_vars(tmp_path, step, [service_entry(service, **changes)])
 
 
 def services_vars(tmp_path, step: str, services: list, **variables) -> str:

@@ -19,9 +19,9 @@ import statistics
 
 import pytest
 
-from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, changed_vars, converge,
+from conftest import (GATE, INTERLEAVED_MIN_SHARE, NUMA_PIN, PROJECT, budget, converge,
                       converge_failing, failed_task_result, gate_verdicts, journal, node_cpus, placement, read_polls,
-                      service_entry, share, start_poller, verdicts_since, wait_until)
+                      service_entry, service_vars, share, start_poller, verdicts_since, wait_until)
 
 pytestmark = pytest.mark.usefixtures("two_nodes")
 
@@ -207,8 +207,8 @@ def test_weights_cached_on_the_other_node_stay_remote_without_evict_and_come_loc
 # --- a placement change: one instance at a time, and kept only where it is faster ---------------------------
 
 def converge_llama(tmp_path, name, **changes):
-    """converge.yml with the llama service's entry changed by ``changes`` (the rest as converge.yml sets it)."""
-    converge("-e", changed_vars(tmp_path, name, "llama", **changes))
+    """converge.yml with the llama service alone, its entry changed by ``changes`` (conftest.service_vars)."""
+    converge("-e", service_vars(tmp_path, name, "llama", **changes))
 
 
 def squeezed():
@@ -310,7 +310,7 @@ def llama_entry(**changes):
 
 def converge_llama_failing(tmp_path, name, **changes):
     """converge_llama, expected to fail at the rollout; numa_rollout's result."""
-    return failed_task_result(converge_failing("-e", changed_vars(tmp_path, name, "llama", **changes)), ROLLOUT_TASK)
+    return failed_task_result(converge_failing("-e", service_vars(tmp_path, name, "llama", **changes)), ROLLOUT_TASK)
 
 
 def test_a_crash_looping_server_fails_its_canary_in_seconds_with_its_journal_and_goes_back(host, tmp_path):
