@@ -307,7 +307,8 @@ def test_user_group_and_the_service_directories(fake):
     fake.write_unit("acct@.service", unit(unit_text.exec_line([SYSTEM_PYTHON, "-c", REPORT]), *settings))
     fake.systemctl("start", "acct@3.service", check=True)
     pid = fake.show("acct@3.service", "MainPID")["MainPID"]
-    fake.wait("acct@3.service", lambda props: bool(fake.journal("acct@3.service")[1:]))
+    # Its report, not just the "Started" line, which the fake writes before the process has printed anything.
+    fake.wait("acct@3.service", lambda props: any(line.startswith("{") for line in fake.journal("acct@3.service")))
     seen = report_of(fake, "acct@3.service")
     state_dir, runtime_dir = fake.root + "/var/lib/acct-3", fake.root + "/run/acct/run"
     assert seen["env"]["STATE_DIRECTORY"] == state_dir and seen["env"]["RUNTIME_DIRECTORY"] == runtime_dir
