@@ -50,7 +50,7 @@ def budget(reference_seconds: float) -> float:
 CHECK_S = 30
 CHECK_BUDGETS = {
     # test_containers.py's first check sets up its container services (a converge), its last takes them back (another).
-    "test_each_containerized_server_runs_on_its_node_with_its_model_copy_there": 180,
+    "test_each_containerized_server_runs_on_its_node_with_its_model_copy_there": 240,
     "test_a_gated_change_of_a_container_service_restarts_one_instance_at_a_time_and_goes_back": 240,
     "test_docker_binds_a_container_by_its_cgroup_cpuset_and_the_audit_finds_it_by_its_id": 240,
     "test_a_placement_change_goes_one_instance_at_a_time_and_stays_only_where_it_is_faster": 540,
