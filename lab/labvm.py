@@ -74,6 +74,8 @@ PACKAGES = [
     # docker, for the check that its containers are bound by their cgroup cpuset (tests/test_containers.py): 20.10
     # with containerd and the runc above, ~256 MB installed; not started at boot (DISABLED_UNITS).
     "docker.io",
+    # Balances the interrupts numa_irqs does not own: the lab proves the two share a host (test_lab.py).
+    "irqbalance",
 ]
 MIRRORS = [
     "deb http://deb.debian.org/debian bookworm main",
@@ -482,7 +484,7 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
 
     numa=2: two 1 GiB nodes at SLIT distance 21, a display behind a pxb-pcie
     expander on each node (guest addresses 0000:41:00.0 on node 0, 0000:81:00.0 on
-    node 1), so a 2-GPU instance spans both nodes. numa=1: no NUMA tables, both
+    node 1), so a 2-GPU instance spans both nodes, and a virtio NIC on node 1 (0000:82:00.0). numa=1: no NUMA tables, both
     displays on the root complex, so the guest reports their numa_node as -1.
     numa=5: SUB_NUMA_SHAPE, each socket split in two and a memory-only node, with HMAT.
     """
@@ -509,6 +511,10 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
             "-device", "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0",
             "-device", "pcie-root-port,id=rp1,bus=pxb1,chassis=1",
             "-device", "bochs-display,bus=rp1",
+            # A NIC on node 1 (0000:82:00.0, MSI-X): the device whose interrupts numa_irqs serves on its node.
+            "-device", "pcie-root-port,id=rp2,bus=pxb1,chassis=3",
+            "-netdev", "user,id=n1,restrict=on",
+            "-device", "virtio-net-pci,netdev=n1,bus=rp2",
         ]
     else:
         argv += ["-device", "bochs-display,bus=pcie.0", "-device", "bochs-display,bus=pcie.0"]

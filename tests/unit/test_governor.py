@@ -122,6 +122,6 @@ def test_a_planted_symlink_at_the_dropin_or_a_policy_file_is_never_followed(tmp_
 def test_a_governor_something_else_rewrites_fails_naming_who_does_it(tmp_path, monkeypatch):
     root = host(tmp_path)
     plan = governor.make_plan(root, "performance")
-    monkeypatch.setattr(knobs, "_write_setting", lambda _root, _setting: None)  # the write does not stick
+    monkeypatch.setattr(knobs, "write_setting", lambda _root, _setting: None)  # the write does not stick
     with pytest.raises(NumaError, match="but the kernel reports powersave: something else sets the governor"):
         knobs.apply(plan.knob)

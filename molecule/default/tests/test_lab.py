@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -115,6 +116,54 @@ def test_cpuset_without_the_node_is_a_clear_error(host):
     assert "numa-pin:" in journal and "node 1" in journal, journal
 
 
+# The NIC on node 1 (lab/labvm.py qemu_argv): every CPU of the node runs a server, so its interrupts get the node's.
+IRQ_NODE = 1
+IRQBALANCE_INTERVAL_S = 10  # irqbalance rebalances this often
+_IRQS_BEFORE = {}  # interrupt -> its affinity before numa_irqs, as irqbalance placed it
+
+
+def irq_nic(host):
+    """The PCI address of the guest's one network device on node 1, found by class and node in sysfs."""
+    found = host.check_output("cd /sys/bus/pci/devices && for d in *; do case $(cat $d/class) in 0x02*) "
+                              "[ \"$(cat $d/numa_node)\" = %d ] && echo $d;; esac; done" % IRQ_NODE).split()
+    assert len(found) == 1, found
+    return found[0]
+
+
+def nic_interrupts(host):
+    listed = host.run("ls /sys/bus/pci/devices/%s/msi_irqs" % irq_nic(host))
+    assert listed.rc == 0, listed.stderr
+    return sorted(int(name) for name in listed.stdout.split())
+
+
+def affinity(host, irq):
+    return host.file("/proc/irq/%d/smp_affinity_list" % irq).content_string.strip()
+
+
+def numa_irqs(state):
+    """The module in the guest, as the roles run it (inference_service_device_irqs, numa_host absent): its result."""
+    command = os.path.join(os.path.dirname(sys.executable), "ansible")
+    done = subprocess.run([command, "-i", os.environ["MOLECULE_INVENTORY_FILE"], "all", "-o",
+                           "-m", "inferops.numa.numa_irqs", "-a", "state=%s" % state], stdout=subprocess.PIPE,
+                          universal_newlines=True, timeout=budget(UNIT_SETTLE_S) * 2, cwd=PROJECT)
+    assert done.returncode == 0, done.stdout
+    return json.loads(done.stdout.split(" => ", 1)[1])
+
+
+def test_device_interrupts_are_served_on_their_node_and_irqbalance_leaves_them(host):
+    assert host.service("irqbalance").is_running
+    irqs = nic_interrupts(host)
+    assert len(irqs) >= 2, irqs  # virtio-net's config and queue vectors
+    _IRQS_BEFORE.update((irq, affinity(host, irq)) for irq in irqs)
+    numa_irqs("present")
+    cpus = node_cpus(host, IRQ_NODE)
+    assert [affinity(host, irq) for irq in irqs] == [cpus] * len(irqs)
+    pid = host.check_output("systemctl show --property=MainPID --value irqbalance.service")
+    assert "--policyscript=/etc/inferops-numa/irqbalance-policy" in host.file("/proc/%s/cmdline" % pid).content_string
+    time.sleep(IRQBALANCE_INTERVAL_S + 2)  # a rebalance later, still where the plan put them
+    assert [affinity(host, irq) for irq in irqs] == [cpus] * len(irqs)
+
+
 def test_after_reboot_balancing_stays_off_and_services_return(host):
     labvm.reboot_wait(VM_NAME)
     assert host.sysctl("kernel.numa_balancing") == 0
@@ -123,6 +172,37 @@ def test_after_reboot_balancing_stays_off_and_services_return(host):
         where = placement(host, unit + ".service")
         assert where["cpus"] == node_cpus(host, node) and where["policies"] == {"bind:%d" % node}
         assert share(where["anon"], node) >= 0.99, where["anon"]
+
+
+def test_after_reboot_device_interrupts_are_served_on_their_node_again(host):
+    unit = "inferops-numa-irqs.service"
+
+    def ran():  # a oneshot without RemainAfterExit is inactive before and after its run: its exit time tells
+        return host.check_output("systemctl show --property=ExecMainExitTimestampMonotonic --value %s" % unit) \
+            not in ("", "0")
+    wait_until(ran, UNIT_SETTLE_S, "%s run at boot" % unit)
+    assert host.check_output("systemctl show --property=Result --value %s" % unit) == "success"
+    assert host.service("irqbalance").is_running
+    irqs = nic_interrupts(host)
+    assert [affinity(host, irq) for irq in irqs] == [node_cpus(host, IRQ_NODE)] * len(irqs), host.run(
+        "journalctl -b -u %s --no-pager -o cat" % unit).stdout
+
+
+def test_device_interrupts_come_back_when_the_setting_is_removed(host):
+    assert _IRQS_BEFORE, "the check that applied them ran first"
+    result = numa_irqs("absent")
+    # Each interrupt's recorded affinity written back (and read back by the module) once irqbalance had restarted
+    # without the ban; from then on irqbalance balances them as it did before.
+    nic, cpus = irq_nic(host), node_cpus(host, IRQ_NODE)
+    for irq, before in sorted(_IRQS_BEFORE.items()):
+        assert "%s irq%d %s -> %s" % (nic, irq, cpus, before) in result["msg"], result["msg"]
+    assert result["leaving"] == [nic]
+    for path in ("/etc/inferops-numa/device-irqs.conf", "/etc/inferops-numa/irqbalance-policy",
+                 "/etc/systemd/system/inferops-numa-irqs.service",
+                 "/etc/systemd/system/irqbalance.service.d/60-inferops-numa.conf"):
+        assert not host.file(path).exists, path
+    pid = host.check_output("systemctl show --property=MainPID --value irqbalance.service")
+    assert "--policyscript" not in host.file("/proc/%s/cmdline" % pid).content_string
 
 
 def test_cost_report_measures_the_2x2_matrix_next_to_slit(tmp_path):

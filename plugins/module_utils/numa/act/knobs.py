@@ -164,15 +164,16 @@ def read_trusted(root: str, knob: Knob) -> Optional[str]:
 
 def write_dropin(plan: KnobPlan) -> None:
     """Replace or remove the drop-in atomically: a half-written one would apply at boot."""
-    _put_dropin(plan.root, plan.knob, FILE if plan.dropin_after is not None else ABSENT, plan.dropin_after,
-                DROPIN_MODE)
+    put_file(plan.root, plan.knob.dropin_path, FILE if plan.dropin_after is not None else ABSENT, plan.dropin_after,
+             DROPIN_MODE)
 
 
-def _put_dropin(root: str, knob: Knob, kind: str, text: Optional[str], mode: int) -> None:
-    """The drop-in's path made to hold ``kind``: the file ``text`` with ``mode``, nothing, or a mask."""
-    path, name = host_path(root, knob.dropin_path), posixpath.basename(knob.dropin_path)
+def put_file(root: str, dropin_path: str, kind: str, text: Optional[str], mode: int) -> None:
+    """The root-relative ``dropin_path`` made to hold ``kind``: the file ``text`` with ``mode``, nothing, or a mask;
+    in directories only root may write, made if missing, replaced atomically."""
+    path, name = host_path(root, dropin_path), posixpath.basename(dropin_path)
     try:
-        directory = open_dir(root, posixpath.dirname(knob.dropin_path), create=kind != ABSENT, root_only=True)
+        directory = open_dir(root, posixpath.dirname(dropin_path), create=kind != ABSENT, root_only=True)
     except OSError as exc:
         if kind == ABSENT and isinstance(exc, FileNotFoundError):  # no directory, no drop-in: nothing to remove
             return
@@ -219,7 +220,8 @@ def read_value(root: str, name: str, path: str) -> Optional[str]:
     return words[0] if words else ""
 
 
-def _write_error(root: str, setting: Setting, exc: OSError) -> NumaError:
+def setting_error(root: str, setting: Setting, exc: OSError) -> NumaError:
+    """The one-line error for writing ``setting`` failed with ``exc``, naming the cause and the fix."""
     path = host_path(root, setting.path)
     if isinstance(exc, Refused):
         return refusal(exc, "write %s to %s" % (setting.name, path))
@@ -234,11 +236,11 @@ def _write_error(root: str, setting: Setting, exc: OSError) -> NumaError:
     return NumaError("cannot write %s (%s)" % (path, exc.strerror or exc))
 
 
-def _write_setting(root: str, setting: Setting) -> None:
+def write_setting(root: str, setting: Setting) -> None:
     try:
         write_under(root, setting.path, ("%s\n" % setting.after).encode("ascii"))
     except OSError as exc:
-        raise _write_error(root, setting, exc) from None
+        raise setting_error(root, setting, exc) from None
 
 
 def verify(plan: KnobPlan) -> None:
@@ -258,7 +260,7 @@ def apply(plan: KnobPlan) -> None:
     What was there is recorded first (``record_originals``), so a restore can put it back."""
     record_originals(plan)
     for setting in plan.runtime_changes:
-        _write_setting(plan.root, setting)
+        write_setting(plan.root, setting)
     if plan.dropin_changed:
         write_dropin(plan)
     verify(plan)
@@ -478,14 +480,15 @@ def restore(plan: RestorePlan) -> None:
     if plan.dropin is None or plan.record is None:
         return
     for setting in plan.knob.runtime_changes:
-        _write_setting(plan.knob.root, setting)
+        write_setting(plan.knob.root, setting)
     if plan.knob.dropin_changed:
-        _put_dropin(plan.knob.root, plan.knob.knob, plan.dropin.kind, plan.dropin.content, plan.dropin.mode)
+        put_file(plan.knob.root, plan.knob.knob.dropin_path, plan.dropin.kind, plan.dropin.content, plan.dropin.mode)
     verify(plan.knob)
-    _remove_originals(plan.knob.root, plan.knob.knob)
+    remove_originals(plan.knob.root, plan.knob.knob)
 
 
-def _remove_originals(root: str, knob: Knob) -> None:
+def remove_originals(root: str, knob: Knob) -> None:
+    """Delete the knob's originals record: what it held is put back."""
     def remove(directory: int, name: str) -> None:
         _remove_quietly(directory, name)
         os.fsync(directory)  # a record that came back after a crash would restore again, over later changes

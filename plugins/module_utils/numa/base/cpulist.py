@@ -111,3 +111,12 @@ def is_kernel_number(text: str) -> bool:
     """True for how the kernel prints an unsigned number in a name like ``node12``: ASCII digits,
     no leading zero, at most 9 of them (so ``node01`` and ``node١`` are not node 1)."""
     return 0 < len(text) <= 9 and not text.strip(DIGITS) and (text == "0" or text[0] != "0")
+
+
+def is_pci_address(name: str) -> bool:
+    """``0000:19:04.0`` (a 4 to 8 digit domain, bus, device, function), as sysfs names a PCI device."""
+    domain, rest = name.partition(":")[::2]
+    bus, rest = rest.partition(":")[::2]
+    device, function = rest.partition(".")[::2]
+    return (4 <= len(domain) <= 8 and len(bus) == 2 and len(device) == 2 and len(function) == 1
+            and not (domain + bus + device + function).strip(HEX_DIGITS))

@@ -62,6 +62,7 @@ COMMAND_HELP = {
     "cost": ("0 ok, 2 bad request or nothing could be measured",
              "numa-pin cost --unit llama@0.service --plan-file /etc/inferops-numa/llama@0.plan.json"),
     "metrics": ("0 ok, 2 bad request or the textfile could not be written", "numa-pin metrics --stdout"),
+    "irqs": ("0 ok, 2 the table cannot be trusted or read, 3 the kernel refused an affinity", "numa-pin irqs"),
 }
 # What each request option's value looks like in --help (argparse would show the option's name in capitals).
 METAVARS = {"node": "ID|auto", "gpus": "auto|none|N|ADDR,...", "model_size": "SIZE|PATH", "model": "PATH",
@@ -266,6 +267,12 @@ def _parser(command: Optional[str]) -> argparse.ArgumentParser:
         from .metrics_command import add_arguments as add_metrics_arguments
         add_metrics_arguments(metrics)
     metrics.set_defaults(run=run_metrics)
+
+    irqs = commands.add_parser("irqs", help="serve the devices' interrupts on the CPUs numa_irqs's table gives them "
+                                            "(what inferops-numa-irqs.service runs at boot)",
+                               epilog=_epilog("irqs"), formatter_class=text)
+    irqs.add_argument("--root", default="/", metavar="DIR", help="the host's files under DIR (a test tree)")
+    irqs.set_defaults(run=run_irqs)
     parser.commands = commands.choices  # type: ignore[attr-defined]
     return parser
 
@@ -412,6 +419,24 @@ def run_metrics(args: argparse.Namespace, _server_argv: List[str]) -> int:
     from .metrics_command import run
 
     return run(args, sys.stdout)
+
+
+def run_irqs(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    """One line per interrupt set, those the kernel manages named; a table that cannot be trusted exits 2, an
+    affinity the kernel refused 3, each with one line."""
+    from ..act.device_irqs import apply_table, read_table
+
+    table = read_table(args.root)
+    try:
+        done, managed = apply_table(args.root, table)
+    except NumaError as exc:
+        exc.exit_code = EXIT_KERNEL_REFUSED  # type: ignore[attr-defined]
+        raise
+    for line in done:
+        print(line)
+    for name in managed:
+        print("%s: managed by the kernel, left as it is" % name)
+    return 0
 
 
 # --- applying a plan ------------------------------------------------------

@@ -28,7 +28,8 @@ import errno
 import os
 import stat
 
-from ..base.cpulist import DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, parse_cpulist, parse_integer
+from ..base.cpulist import (DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, is_pci_address, parse_cpulist,
+                            parse_integer)
 from ..base.errors import NumaError
 from ..base.gpu_vendors import index_facts, vendor_name
 from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, parse_status, printable
@@ -893,7 +894,7 @@ def _pci_path(reader: _Reader, base: str, address: str) -> List[str]:
     if not hosts:
         return []
     path = parts[hosts[0]:]
-    if path[-1] != address or not all(_is_pci_address(part) for part in path[1:]):
+    if path[-1] != address or not all(is_pci_address(part) for part in path[1:]):
         reader.warn("%s: a link that does not lead from a host bridge to %s through PCI addresses: %s" % (
             base, address, reader.quote(base, text or "")))
         return []
@@ -904,15 +905,6 @@ def _is_host_bridge(name: str) -> bool:
     """``pci0000:17``: a PCI host bridge's directory, by domain and bus."""
     domain, bus = name[3:].partition(":")[::2]
     return name[:3] == "pci" and 4 <= len(domain) <= 8 and len(bus) == 2 and not (domain + bus).strip(HEX_DIGITS)
-
-
-def _is_pci_address(name: str) -> bool:
-    """``0000:19:04.0`` (a 4 to 8 digit domain, bus, device, function), as sysfs names a PCI device."""
-    domain, rest = name.partition(":")[::2]
-    bus, rest = rest.partition(":")[::2]
-    device, function = rest.partition(".")[::2]
-    return (4 <= len(domain) <= 8 and len(bus) == 2 and len(device) == 2 and len(function) == 1
-            and not (domain + bus + device + function).strip(HEX_DIGITS))
 
 
 def _pci_id(reader: _Reader, rel: str) -> Optional[str]:
