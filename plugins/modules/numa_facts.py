@@ -77,9 +77,10 @@ ansible_facts:
             - One entry per node, sorted by id, with cpus, cpulist, has_cpus, has_memory, memory_*_kb,
               hugepages, distances, packages and gpus.
             - C(kind) (C(cpus_and_memory), C(cpus_only), C(memory_only), C(empty)), C(memory_class) (C(local),
-              C(gpu) for a GPU's own memory, C(far) for other memory-only nodes such as CXL expanders or HBM, null
-              without memory) and C(home_package) (the package of its CPUs, or of the CPU nodes nearest to a
-              memory-only node; null when that is not one package).
+              C(gpu) for a GPU's own memory, C(near) for a memory-only node HMAT rates at the host's DRAM speed,
+              C(far) for other memory-only nodes such as CXL expanders or PMEM, null without memory),
+              C(memory_class_from) (C(cpus), C(gpu), C(hmat), C(no_cpus) or null) and C(home_package) (the package
+              of its CPUs, or of the CPU nodes nearest to a memory-only node; null when that is not one package).
           type: list
           elements: dict
           sample: [{"id": 1, "cpus": [40, 41, 120, 121], "cpulist": "40-41,120-121", "has_cpus": true,

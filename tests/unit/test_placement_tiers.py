@@ -91,3 +91,26 @@ def test_far_memory_the_cpuset_forbids_is_left_out(tmp_path):
     machine.put("proc/self/status", "Name:\tpython3\nCpus_allowed_list:\t0-31\nMems_allowed_list:\t0-3\n")
     topology = read(machine.write(str(tmp_path)))
     assert 4 not in place(topology, node=0, model_size="40G").mem_nodes
+
+
+def test_memory_only_dram_is_spilled_to_as_dram_with_no_far_memory_warning(tmp_path):
+    topology = read(sysfs.put_hmat(sysfs.snc2_cxl(), 4, 20000, 110).write(str(tmp_path)))
+    result = place(topology, node=0, model_size="40G")
+    assert (result.policy, result.mem_nodes) == ("interleave", [0, 1, 4])
+    assert not any("far memory" in reason for reason in result.reasons)
+
+
+def test_a_sockets_near_memory_comes_before_its_far_memory_even_when_slit_puts_the_far_one_nearer(tmp_path):
+    """Node 4 at DRAM speed (near) and a copy of it, node 5, as far memory SLIT puts nearer to node 0: an instance
+    outgrowing socket 0's DRAM takes node 4 first, as the spill order lists the faster class first."""
+    topology = read(sysfs.put_hmat(sysfs.snc2_cxl(), 4, 20000, 110).write(str(tmp_path)))
+    far = dict(topology["nodes"][4], id=5, memory_class="far", memory_class_from="hmat",
+               distances=dict(topology["nodes"][4]["distances"], **{"0": 13, "5": 10}))
+    far["distances"]["4"] = 20
+    for node in topology["nodes"]:
+        node["distances"]["5"] = far["distances"][str(node["id"])]
+    topology["nodes"].append(far)
+    topology["distances"] = []
+    topology["cpus"]["mems_allowed"] = "0-5"
+    assert place(topology, node=0, model_size="80G").mem_nodes == [0, 1, 4]
+    assert place(topology, node=0, model_size="130G").mem_nodes == [0, 1, 4, 5]

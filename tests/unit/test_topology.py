@@ -4,10 +4,11 @@ import json
 import os
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
-from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import memory_classes, read
 
 from tests.fixtures import sysfs
 
@@ -407,6 +408,65 @@ def test_each_node_says_what_it_holds_and_whose_memory_it_is(tmp_path):
     assert [(n["id"], n["kind"], n["memory_class"], n["home_package"]) for n in cxl["nodes"]] == [
         (0, "cpus_and_memory", "local", 0), (1, "cpus_and_memory", "local", 1), (8, "memory_only", "far", 0)]
     assert cxl["shape"] == {"packages": 2, "cpu_nodes_per_package": 1, "sub_numa": False, "memory_only_nodes": [8]}
+
+
+def classes(facts):
+    return [(n["id"], n["memory_class"], n["memory_class_from"]) for n in facts["nodes"]]
+
+
+def test_dram_behind_cpu_less_initiators_is_near_and_nvm_far(tmp_path):
+    """Issue 44's captured machine: DRAM nodes at 419 GB/s, which no CPU node initiates, and an NVM node at 8 GB/s.
+    Without CPU nodes' figures the best memory node is the DRAM to compare with; a start reads the same classes."""
+    root = sysfs.cpuless_initiators().write(str(tmp_path))
+    wanted = [(0, None, None), (1, None, None), (2, "near", "hmat"), (3, "near", "hmat"), (4, "far", "hmat")]
+    assert classes(read(root)) == wanted
+    assert classes(read(root, plan_only=True)) == wanted
+
+
+def test_a_memory_only_nodes_class_follows_its_hmat_figures_against_the_cpu_nodes(tmp_path):
+    """snc2_cxl: DRAM 20000 MB/s at 100 ns on the CPU nodes, the expander 10000 at 250: far; at DRAM's speed, near;
+    at DRAM's bandwidth but twice its latency, far; without HMAT, far because it has no CPUs, as before figures."""
+    assert classes(read(sysfs.snc2_cxl().write(str(tmp_path / "cxl"))))[3:] == [
+        (3, "local", "cpus"), (4, "far", "hmat")]
+    for name, figures, wanted in (("dram", (19000, 120), "near"), ("hbm", (60000, 130), "near"),
+                                  ("slow", (20000, 200), "far")):
+        machine = sysfs.put_hmat(sysfs.snc2_cxl(), 4, *figures)
+        assert node(read(machine.write(str(tmp_path / name))), 4)["memory_class"] == wanted, name
+    assert classes(read(sysfs.snc2_cxl(hmat=False).write(str(tmp_path / "none"))))[4] == (4, "far", "no_cpus")
+
+
+def test_figures_decide_no_class_of_a_node_with_cpus_or_a_gpus_memory(tmp_path):
+    machine = sysfs.RECIPES["gh200_like"]()
+    for memory, bandwidth in ((0, 500000), (1, 4000000)):
+        sysfs.put_hmat(machine, memory, bandwidth, 100)
+    assert classes(read(machine.write(str(tmp_path))))[:2] == [(0, "local", "cpus"), (1, "gpu", "gpu")]
+
+
+SPEED = {"near": 0, "far": 1}
+FIGURES = st.tuples(st.integers(1, 10 ** 7), st.one_of(st.none(), st.integers(1, 5000)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=8), st.lists(FIGURES, min_size=8, max_size=8))
+def test_a_faster_memory_only_node_never_gets_a_slower_class(with_cpus, figures):
+    """Over any host's nodes (with CPUs or memory-only) and HMAT figures: a memory-only node with at least another's
+    bandwidth and at most its latency (both known, or neither) gets a class at least as fast."""
+    nodes = [{"id": index, "has_cpus": cpus, "has_memory": True, "gpus": [], "gpu_memory_of": []}
+             for index, cpus in enumerate(with_cpus)]
+    found = memory_classes(nodes, {node["id"]: figures[node["id"]] for node in nodes})
+    assert set(found) == {node["id"] for node in nodes if not node["has_cpus"]}
+    for one in found:
+        for other in found:
+            (bandwidth, latency), (other_bandwidth, other_latency) = figures[one], figures[other]
+            if bandwidth >= other_bandwidth and (latency is None) == (other_latency is None) and (
+                    latency is None or latency <= other_latency):
+                assert SPEED[found[one]] <= SPEED[found[other]], (one, other)
+
+
+def test_a_start_reads_no_hmat_on_a_host_without_memory_only_nodes(tmp_path):
+    root = sysfs.put_hmat(sysfs.RECIPES["amd_nps4"](), 0, 20000, 100).write(str(tmp_path))
+    assert [n["hmat"] for n in read(root, plan_only=True)["nodes"]] == [None] * 8
+    assert read(root)["nodes"][0]["hmat"]["read_bandwidth"] == 20000
 
 
 def test_a_socket_split_into_nodes_is_a_sub_numa_shape(tmp_path):

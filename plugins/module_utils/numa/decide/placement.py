@@ -35,7 +35,7 @@ from ..base.sizes import format_size
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, List, Optional, Tuple, Union
+    from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 __all__ = ["PlacementError", "Plan", "plan", "plan_instances"]
 
@@ -195,12 +195,13 @@ class _Node(_Record):
 
 
 class _Hints(_Record):
-    __slots__ = ("topology", "node_ids", "candidates", "far_memory", "available", "excluded", "distances", "far",
-                 "core_of", "gpus", "nics", "reasons")
+    __slots__ = ("topology", "node_ids", "candidates", "near_memory", "far_memory", "available", "excluded",
+                 "distances", "far", "core_of", "gpus", "nics", "reasons")
     topology: Dict[str, Any]
     node_ids: List[int]                  # every node of the topology, sorted
     candidates: Dict[int, _Node]         # usable nodes by id
-    far_memory: Dict[int, Optional[int]]  # memory-only far nodes (CXL, HBM) serving no candidate -> home package
+    near_memory: Dict[int, Optional[int]]  # memory-only nodes at DRAM speed serving no candidate -> home package
+    far_memory: Dict[int, Optional[int]]  # memory-only far nodes (CXL, PMEM) serving no candidate -> home package
     available: Dict[int, int]            # bytes available on each node serving a candidate's memory
     excluded: Dict[int, str]             # node id -> why it is not usable
     distances: Dict[Tuple[int, int], int]
@@ -227,15 +228,22 @@ class _Hints(_Record):
                 + [node for node in nearest if not home & set(self.candidates[node].packages)])
 
     def spill_order(self, anchor: int, base: List[int]) -> List[int]:
-        """``base``, then the other candidates own_package_first, each far-memory node right after the last
-        candidate of its home package: an instance that outgrows its DRAM takes its own socket's expander before
-        the other socket, and never far memory alone."""
+        """``base``, then the other candidates own_package_first, each memory-only node right after the last
+        candidate of its home package, its near (DRAM-speed) nodes before its far ones, each nearest first: an
+        instance that outgrows its DRAM takes its own socket's CPU-less DRAM, then its expander, before the other
+        socket, and never such memory alone."""
         order = base + self.own_package_first(anchor, [node for node in self.candidates if node not in base])
-        for memory in self.nearest_first(anchor, list(self.far_memory)):
-            package = self.far_memory[memory]
+        spilled = set()  # type: Set[int]
+        for memory in (self.nearest_first(anchor, list(self.near_memory))
+                       + self.nearest_first(anchor, list(self.far_memory))):
+            package = self.near_memory[memory] if memory in self.near_memory else self.far_memory[memory]
             homes = [index for index, node in enumerate(order)
                      if node in self.candidates and package in self.candidates[node].packages]
-            order.insert(max(homes[-1] + 1, len(base)) if homes else len(order), memory)
+            at = max(homes[-1] + 1, len(base)) if homes else len(order)
+            while at < len(order) and order[at] in spilled:  # after the nodes spilled there before: nearer, faster
+                at += 1
+            order.insert(at, memory)
+            spilled.add(memory)
         return order
 
     def cpu_nodes(self, nodes: List[int]) -> List[int]:
@@ -277,12 +285,15 @@ def _gather_hints(topology: Dict[str, Any], request: Request) -> _Hints:
                 id=node["id"], cpus=usable, memory=memory, memory_from=node.get("memory_from"),
                 total=sum(_kb_bytes(by_id[serving], "memory_total_kb") for serving in memory),
                 packages=tuple(sorted(node.get("packages") or [])))
-    far_memory = _far_memory(nodes, candidates, mems_allowed)
+    near_memory = _spill_memory(nodes, candidates, mems_allowed, "near")
+    far_memory = _spill_memory(nodes, candidates, mems_allowed, "far")
     available = {serving: _kb_bytes(by_id[serving], "memory_available_kb")
-                 for serving in [memory for node in candidates.values() for memory in node.memory] + list(far_memory)}
+                 for serving in [memory for node in candidates.values() for memory in node.memory]
+                 + list(near_memory) + list(far_memory)}
     distances = _distance_table(topology, nodes)
     hints = _Hints(topology=topology, node_ids=[node["id"] for node in nodes], candidates=candidates,
-                   far_memory=far_memory, available=available, excluded=excluded, distances=distances,
+                   near_memory=near_memory, far_memory=far_memory, available=available, excluded=excluded,
+                   distances=distances,
                    far=max(distances.values(), default=REMOTE_DISTANCE), core_of=_sibling_groups(cpus_info),
                    gpus=sorted(topology.get("gpus") or [], key=lambda gpu: gpu["address"]),
                    nics=list(topology.get("nics") or []),
@@ -304,14 +315,15 @@ def _node_records(topology: Dict[str, Any]) -> List[Dict[str, Any]]:
     return sorted(nodes, key=lambda node: node["id"])
 
 
-def _far_memory(nodes: List[Dict[str, Any]], candidates: Dict[int, _Node],
-                mems_allowed: Optional[set]) -> Dict[int, Optional[int]]:
-    """Memory-only nodes of far memory (facts' memory_class ``far``: CXL, HBM, PMEM) that serve no candidate and the
-    cpuset allows, with their home package: the slower tier an oversized instance spills to after DRAM. A GPU's
-    memory node is not one: no engine recipe asks for host allocations there."""
+def _spill_memory(nodes: List[Dict[str, Any]], candidates: Dict[int, _Node], mems_allowed: Optional[set],
+                  memory_class: str) -> Dict[int, Optional[int]]:
+    """Memory-only nodes of ``memory_class`` (facts' ``near``: at the host's DRAM speed; ``far``: CXL, PMEM, memory
+    without figures) that serve no candidate and the cpuset allows, with their home package: what an oversized
+    instance spills to after its DRAM. A GPU's memory node is not one: no engine recipe asks for host allocations
+    there."""
     serving = {memory for node in candidates.values() for memory in node.memory}
     return {node["id"]: node.get("home_package") for node in nodes
-            if node.get("memory_class") == "far" and node["id"] not in serving and node.get("has_memory")
+            if node.get("memory_class") == memory_class and node["id"] not in serving and node.get("has_memory")
             and (mems_allowed is None or node["id"] in mems_allowed)}
 
 

@@ -36,7 +36,11 @@ from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, par
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Optional, Set, Tuple
+    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+    # What a memory node delivers: bandwidth (any unit, the same for every node compared) and latency (ns;
+    # None when unknown: HMAT's latency files may be missing or 0).
+    Figures = Tuple[float, Optional[float]]
 
 SCHEMA_VERSION = 1
 
@@ -207,8 +211,11 @@ def _read_tree(root: str, reader: _Reader) -> Dict[str, Any]:
         node["gpus"] = [gpu["address"] for gpu in pci["gpus"] if gpu["numa_node"] == node["id"]]
         node["gpu_memory_of"] = [gpu["address"] for gpu in pci["gpus"] if gpu["memory_node"] == node["id"]]
     _attach_memory_nodes(reader, nodes)
+    # A start (plan_only) reads HMAT's figures only where they decide a class the planner uses: a memory-only node
+    # that is no GPU's memory; so numa-pin exec and numa_plan spill to the same nodes.
+    figures_needed = not reader.plan_only or any(_class_from_figures(node) for node in nodes)
     for node in nodes:
-        node["hmat"] = None if reader.plan_only or not node["has_memory"] else _hmat_performance(reader, node["id"])
+        node["hmat"] = (_hmat_performance(reader, node["id"]) if figures_needed and node["has_memory"] else None)
     _attach_kinds(nodes)
     cpus["packages"] = _packages(cpus["_package_of"], nodes)
     for private in ("_online", "_package_of"):
@@ -760,24 +767,78 @@ def _read_hugepages(reader: _Reader, rel: str) -> Dict[str, Dict[str, Optional[i
 
 
 def _attach_kinds(nodes: List[Dict[str, Any]]) -> None:
-    """Each node's ``kind`` (what it holds), ``memory_class`` (whose memory it is) and ``home_package``.
+    """Each node's ``kind`` (what it holds), ``memory_class`` (whose memory it is, how fast), ``memory_class_from``
+    (what gave the class) and ``home_package``.
 
     A node without CPUs but with memory is a memory-only node: a GPU's own memory (it names the GPU in
-    ``gpu_memory_of``, or the GPU sits on it, as coherent GPU memory is onlined) or far memory (CXL
-    expanders, HBM or PMEM onlined as a node). Its home package is that of the CPU nodes nearest to it
+    ``gpu_memory_of``, or the GPU sits on it, as coherent GPU memory is onlined), or memory whose class comes from
+    HMAT's figures (memory_classes: ``near`` at the host's DRAM speed, else ``far``), or without figures ``far``
+    (CXL expanders, HBM or PMEM onlined as a node). Its home package is that of the CPU nodes nearest to it
     (SLIT), when they all sit in one package; a node with CPUs in one package has that one; else None.
     """
     package_of_node = {node["id"]: node["packages"][0] for node in nodes if len(node["packages"]) == 1}
     with_cpus = [node["id"] for node in nodes if node["has_cpus"]]
+    classes = memory_classes(nodes, {node["id"]: _figures(node["hmat"]) for node in nodes if node.get("hmat")})
     for node in nodes:
         node["kind"] = KINDS[(node["has_cpus"], node["has_memory"])]
-        node["memory_class"] = (None if not node["has_memory"] else "local" if node["has_cpus"]
-                                else "gpu" if node["gpu_memory_of"] or node["gpus"] else "far")
+        node["memory_class"], node["memory_class_from"] = (
+            (None, None) if not node["has_memory"] else ("local", "cpus") if node["has_cpus"]
+            else ("gpu", "gpu") if node["gpu_memory_of"] or node["gpus"]
+            else (classes[node["id"]], "hmat") if node["id"] in classes else ("far", "no_cpus"))
         if node["has_cpus"]:
             node["home_package"] = package_of_node.get(node["id"])
             continue
         homes = {package_of_node.get(nearest) for nearest in _nearest(node["distances"], with_cpus)}
         node["home_package"] = homes.pop() if len(homes) == 1 else None
+
+
+# A memory-only node is DRAM-class (``near``) when it delivers at least this share of the host's DRAM bandwidth and
+# at most this multiple of its latency. DRAM nodes of one host differ by DIMM population and the firmware's rounding,
+# well within both; CXL expanders and PMEM deliver half a socket's DRAM bandwidth or (much) less at 1.7 to 3 times
+# its latency (some 100 ns against 170-350 ns), so each bound alone already leaves them ``far``. HBM beside DRAM
+# (more bandwidth, a little more latency) is ``near``.
+NEAR_BANDWIDTH_SHARE = 0.6
+NEAR_LATENCY_FACTOR = 1.5
+
+
+def _figures(hmat: Mapping[str, int]) -> Optional[Figures]:
+    """HMAT's figures as the weights take them: the lower of read and write bandwidth, and the higher latency;
+    None without a bandwidth."""
+    bandwidths = [hmat[name] for name in ("read_bandwidth", "write_bandwidth") if name in hmat]
+    latencies = [hmat[name] for name in ("read_latency", "write_latency") if name in hmat]
+    return (float(min(bandwidths)), float(max(latencies)) if latencies else None) if bandwidths else None
+
+
+def _class_from_figures(node: Mapping[str, Any]) -> bool:
+    """Whether figures decide the node's class: memory without CPUs that is no GPU's memory."""
+    return bool(node["has_memory"] and not node["has_cpus"] and not node["gpu_memory_of"] and not node["gpus"])
+
+
+def memory_classes(nodes: Sequence[Mapping[str, Any]], figures: Mapping[int, Optional[Figures]]) -> Dict[int, str]:
+    """``near`` or ``far`` for each memory-only node that is no GPU's memory and has figures, by the host's DRAM.
+
+    The host's DRAM is its nodes with CPUs and memory that have figures; when none has (CPU-less initiators: HMAT
+    pairs the memory with initiators that are no CPU node), the memory-only nodes' best bandwidth. The reference is
+    the best bandwidth and the lowest latency among them; latency is compared only when both sides know it. Without a
+    reference, or for a node without figures, the node is left out (the caller keeps its old rule)."""
+    known = {node_id: found for node_id, found in figures.items() if found is not None and found[0] > 0}
+    graded = [node for node in nodes if _class_from_figures(node) and node["id"] in known]
+    dram = [known[node["id"]] for node in nodes if node["has_cpus"] and node["has_memory"] and node["id"] in known]
+    if not dram and graded:
+        best = max(known[node["id"]][0] for node in graded)
+        dram = [known[node["id"]] for node in graded if known[node["id"]][0] == best]
+    if not dram:
+        return {}
+    bandwidth = max(found[0] for found in dram)
+    latencies = [found[1] for found in dram if found[1]]
+    latency = min(latencies) if latencies else None
+    classes = {}
+    for node in graded:
+        node_bandwidth, node_latency = known[node["id"]]
+        slow = (node_bandwidth < NEAR_BANDWIDTH_SHARE * bandwidth
+                or bool(latency and node_latency and node_latency > NEAR_LATENCY_FACTOR * latency))
+        classes[node["id"]] = "far" if slow else "near"
+    return classes
 
 
 def _shape(nodes: List[Dict[str, Any]], packages: List[Dict[str, Any]]) -> Dict[str, Any]:
