@@ -432,10 +432,8 @@ def run_irqs(args: argparse.Namespace, _server_argv: List[str]) -> int:
     except NumaError as exc:
         exc.exit_code = EXIT_KERNEL_REFUSED  # type: ignore[attr-defined]
         raise
-    for line in done:
-        print(line)
-    for name in managed:
-        print("%s: managed by the kernel, left as it is" % name)
+    sys.stdout.write("".join(line + "\n" for line in done))
+    sys.stdout.write("".join("%s: managed by the kernel, left as it is\n" % name for name in managed))
     return 0
 
 
