@@ -55,10 +55,12 @@ class ActionModule(ActionBase):
                    if isinstance(found, dict) and found.get("digest") == digest and not found.get("failed")]
         checked = bool(earlier)
         if checked:
-            without_systemd = earlier[0].get("without_systemd")
+            without_systemd, warnings = earlier[0].get("without_systemd"), earlier[0].get("host_warnings") or []
         else:
-            found, without_systemd = self._host_problems(settings, module_args, task_vars)
+            found, without_systemd, warnings = self._host_problems(settings, module_args, task_vars)
             problems += found
+            for line in warnings:  # said once, by the run that checked the host
+                display.warning("preflight: %s: %s" % (host, line))
         if without_systemd and self._task.check_mode:
             # A dry run without systemd still plans and renders every unit; only what asks systemd is skipped.
             problems = [line for line in problems if line != without_systemd]
@@ -71,18 +73,18 @@ class ActionModule(ActionBase):
                         msg="preflight found %d problem(s) on %s, listed above (the first: %s); nothing was changed"
                             % (len(problems), host, problems[0]))
         return dict(result, changed=False, problems=[], settings=settings, entries=entries,
-                    host_checked=not checked, digest=digest, without_systemd=without_systemd)
+                    host_checked=not checked, digest=digest, without_systemd=without_systemd, host_warnings=warnings)
 
     def _host_problems(self, settings: Dict[str, Any], module_args: Dict[str, Any],
-                       task_vars: Dict[str, Any]) -> Tuple[List[str], Optional[str]]:
-        """The host's problems, and the one line saying PID 1 is not systemd (None where it is)."""
+                       task_vars: Dict[str, Any]) -> Tuple[List[str], Optional[str], List[str]]:
+        """The host's problems, the one line saying PID 1 is not systemd (None where it is), and its warnings."""
         python = self._python_problems(settings)
         if python:
-            return python, None
+            return python, None, []
         answer = self._execute_module(module_name="inferops.numa.numa_preflight", module_args=module_args,
                                       task_vars=task_vars)
         return (list(answer.get("problems") or ([str(answer.get("msg"))] if answer.get("failed") else [])),
-                answer.get("without_systemd"))
+                answer.get("without_systemd"), [str(line) for line in answer.get("host_warnings") or ()])
 
     def _python_problems(self, settings: Dict[str, Any]) -> List[str]:
         """The helper's Python, asked with raw: it may not be the interpreter Ansible runs modules with, and no

@@ -113,7 +113,7 @@ ansible_facts:
                     "pci_path": ["pci0000:80", "0000:80:01.0"], "cuda_index": 0}]
         nics:
           description: Network adapters with address, vendor_id, vendor, device_id, class, numa_node, local_cpulist,
-            pci_path, name.
+            pci_path, name, rdma_name and rdma_ports (the RDMA device's ports, each with port, state and link_layer).
           type: list
           elements: dict
           sample: [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other", "device_id": "0x101d",

@@ -204,10 +204,11 @@ plan:
           type: int
           sample: null
         nics:
-          description: NICs on the GPU's node, each with C(address), C(name) and C(rdma_name) (for C(NCCL_IB_HCA)).
+          description: NICs on the GPU's node, each with C(address), C(name), C(rdma_name) (for C(NCCL_IB_HCA)) and
+            C(near); an RDMA NIC's also with C(ports), its port numbers (C(UCX_NET_DEVICES) names C(mlx5_0:1)).
           type: list
           elements: dict
-          sample: [{"address": "0000:41:00.0", "name": "ens1f0", "rdma_name": "mlx5_0"}]
+          sample: [{"address": "0000:41:00.0", "name": "ens1f0", "rdma_name": "mlx5_0", "near": "node", "ports": [1]}]
     engine:
       description: What O(engine) needs to hear; C(env) is also in RV(plan.env), C(args) go after the server's own.
       type: dict

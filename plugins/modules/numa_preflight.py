@@ -24,7 +24,8 @@ description:
     layout gives instances, the model fits), its server binary executable, the plan's CPUs and memory nodes
     allowed by system.slice's cpuset, C(set_mempolicy) allowed, the balancing knob writable when it is to be set,
     and, when a service audits and runs as another user, root's C(CAP_SYS_PTRACE), without which it cannot read that
-    user's C(/proc/<pid>/numa_maps).
+    user's C(/proc/<pid>/numa_maps). A GPU of a plan with no NIC on its node, on a host with NICs, is a warning
+    (RV(host_warnings)), not a problem.
   - Fails with one line per problem (host, service, key, cause, fix) and changes nothing. Playbook
     C(inferops.numa.site) runs it on every host before any change (C(--tags preflight) runs only it); both roles run
     it at their entry, and a second run in the same play run with the same inputs skips the host checks.
@@ -82,6 +83,16 @@ entries:
   returned: success
   type: list
   elements: dict
+host_warnings:
+  description:
+    - What the host's checks found that works but costs, one line each, said as warnings and never failing the run;
+      a GPU of a plan with no NIC on its node, on a host with NICs, whose traffic to other hosts crosses the socket
+      link.
+  returned: success
+  type: list
+  elements: str
+  sample: ["service vllm: vllm@1.service: GPU(s) 0000:92:00.0 have no NIC on their node: their traffic to other
+    hosts (NCCL, UCX) crosses the socket link; give the instance GPUs on a node with a NIC, or put one there"]
 host_checked:
   description: Whether the host's checks ran (false when an earlier preflight of this run checked the same inputs).
   returned: success
@@ -101,7 +112,7 @@ without_systemd:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.read.preflight import host_problems, systemd_problems
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.preflight import host_findings, systemd_problems
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 
@@ -113,13 +124,14 @@ def main() -> None:
         supports_check_mode=True,
     )
     try:
-        problems = host_problems(module.params["root"], module.params["services"] or [],
-                                 module.params["balancing"] or "keep")
+        problems, warnings = host_findings(module.params["root"], module.params["services"] or [],
+                                           module.params["balancing"] or "keep")
     except NumaError as exc:
         module.fail_json(msg=str(exc), problems=[str(exc)])
     # Named apart as well: the action lets a dry run (check mode) go on without systemd, saying this line once.
     without = systemd_problems(module.params["root"])
-    module.exit_json(changed=False, problems=problems, without_systemd=without[0] if without else None)
+    module.exit_json(changed=False, problems=problems, host_warnings=warnings,
+                     without_systemd=without[0] if without else None)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import governor
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import PlacementError, Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.kernel_files import Root
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 
 from tests.tools import HWLOC_DUMPS, ansible_command, hwloc_dumps, needs
@@ -135,6 +137,39 @@ def test_dump_pci_paths_are_the_bus_links_bridges(dump_roots, name):
                           os.readlink(link)) if os.path.islink(link) else None
         expected = found.group(1).split("/")[:-1] if found and found.group(1).endswith(device["address"]) else []
         assert device["pci_path"] == expected, device["address"]
+
+
+def rdma_devices(root):
+    """(the PCI device's sysfs path under root, its RDMA device's name) for every RDMA device of a dump."""
+    devices = os.path.join(root, "sys/bus/pci/devices")
+    return [("sys/bus/pci/devices/%s" % address, name) for address in sorted(os.listdir(devices))
+            if os.path.isdir(os.path.join(devices, address, "infiniband"))
+            for name in sorted(os.listdir(os.path.join(devices, address, "infiniband")))] if os.path.isdir(devices) else []
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_dump_rdma_ports_are_the_raw_port_directories(dump_roots, name):
+    """Each RDMA device's ports as the reader reads them are its ports/ directory, read here with os.listdir and
+    plain text. The devices of these dumps are InfiniBand HCAs of PCI class 0x0c06 (serial bus), which the facts do
+    not list as NICs, so the reader's port function is asked directly."""
+    root = dump_roots[name]
+    for base, rdma_name in rdma_devices(root):
+        ports = os.path.join(root, base, "infiniband", rdma_name, "ports")
+        reader = topology._Reader(Root(root))
+        assert topology._rdma_ports(reader, base, rdma_name) == [
+            {"port": number, "state": raw(ports, "%d/state" % number).partition(": ")[2],
+             "link_layer": raw(ports, "%d/link_layer" % number)}
+            for number in sorted(int(entry) for entry in os.listdir(ports))], base
+        assert reader.warnings == []
+
+
+def test_the_dumps_rdma_ports_are_there_to_check(dump_roots):
+    """The test above checks something: two dumps have an RDMA device, each with one active InfiniBand port."""
+    found = {name: [(rdma_name, topology._rdma_ports(topology._Reader(Root(root)), base, rdma_name))
+                    for base, rdma_name in rdma_devices(root)] for name, root in dump_roots.items()}
+    port = [{"port": 1, "state": "ACTIVE", "link_layer": "InfiniBand"}]
+    assert {name: ports for name, ports in found.items() if ports} == {
+        "32em64t-2n8c+dax+nvme+mic+dimms": [("mlx4_0", port)], "40intel64-2g2n4c+pcilocality": [("qib0", port)]}
 
 
 @pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])

@@ -149,9 +149,9 @@ def test_the_preflight_refuses_an_interleaved_docker_instance_and_passes_podmans
     big = dict(VLLM, layout="single", model_size="5G", memory_headroom="0")
     (podman,), _ = preflight.check_entries([big], {})
     (docker,), _ = preflight.check_entries([dict(big, container=dict(VLLM["container"], runtime="docker"))], {})
-    found = host.service_problems(root, docker, host.read(root), None)
+    found = host.service_findings(root, docker, host.read(root), None)[0]
     assert [problem for problem in found if "docker applies only a cgroup cpuset" in problem and "cannot interleave" in problem]
-    assert [problem for problem in host.service_problems(root, podman, host.read(root), None)
+    assert [problem for problem in host.service_findings(root, podman, host.read(root), None)[0]
             if "cgroup cpuset" in problem] == []
 
 

@@ -18,6 +18,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines im
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.tokens import server_command
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.unit_text import plan_record
 
 from tests.unit import topo_factory as tf
 
@@ -65,8 +66,8 @@ def test_on_one_node_the_engines_own_binder_stays_off(engine, env):
     result = one_node(engine)
     if ENGINES[engine].nccl:  # and NCCL is told the RDMA NICs of the GPUs' node (dgx_like: no switches known)
         nodes = {entry["node"] for entry in result.gpu_map}
-        env = dict(env, NCCL_IB_HCA="=" + ",".join(nic["rdma_name"] for nic in tf.dgx_like()["nics"]
-                                                    if nic["numa_node"] in nodes))
+        names = [nic["rdma_name"] for nic in tf.dgx_like()["nics"] if nic["numa_node"] in nodes]
+        env = dict(env, NCCL_IB_HCA="=" + ",".join(names), UCX_NET_DEVICES=",".join(name + ":1" for name in names))
     assert result.engine["args"] == [] and result.engine["requires"] == [] and result.engine["env"] == env
     assert all(result.env[name] == value for name, value in env.items())
 
@@ -203,27 +204,81 @@ def test_each_gpus_nics_are_listed_nearest_first_and_nccl_gets_the_nearest_rdma_
     first = plan(topology, Request(gpus="0000:12:00.0", engine="vllm"))
     assert [(nic["rdma_name"], nic["near"]) for nic in first.gpu_map[0]["nics"]] == [
         ("mlx5_0", "pcie_switch"), ("mlx5_1", "host_bridge")]
-    assert first.env["NCCL_IB_HCA"] == "=mlx5_0"
+    assert first.env["NCCL_IB_HCA"] == "=mlx5_0" and first.env["UCX_NET_DEVICES"] == "mlx5_0:1"
     # Socket 1's four GPUs: each switch's NIC, once; the Ethernet NIC beside two of them has no RDMA device.
     four = plan(topology, Request(gpus="0000:92:00.0,0000:93:00.0,0000:b2:00.0,0000:b3:00.0", engine="sglang"))
     assert [nic["name"] for nic in four.gpu_map[2]["nics"]] == ["ibp11", "eth0", "ibp10"]
-    assert four.env["NCCL_IB_HCA"] == "=mlx5_2,mlx5_3"
+    assert four.env["NCCL_IB_HCA"] == "=mlx5_2,mlx5_3" and four.env["UCX_NET_DEVICES"] == "mlx5_2:1,mlx5_3:1"
     assert "NCCL_IB_HCA==mlx5_2,mlx5_3: the RDMA NIC(s) nearest each GPU" in "\n".join(four.reasons)
+    assert "UCX_NET_DEVICES=mlx5_2:1,mlx5_3:1: the RDMA NIC(s) nearest each GPU (0000:92:00.0: mlx5_2:1; " \
+           "0000:93:00.0: mlx5_2:1; 0000:b2:00.0: mlx5_3:1; 0000:b3:00.0: mlx5_3:1)" in four.reasons
 
 
 def test_a_gpu_without_an_rdma_nic_near_it_leaves_nccl_to_choose_and_says_so():
     topology = tf.dgx_switches()
     topology["nics"] = [nic for nic in topology["nics"] if nic["numa_node"] == 0]
     result = plan(topology, Request(gpus="0000:12:00.0,0000:92:00.0", engine="trtllm"))
-    assert "NCCL_IB_HCA" not in result.env
-    assert "NCCL_IB_HCA left to NCCL: GPU(s) 0000:92:00.0 have no RDMA NIC on their node" in "\n".join(result.reasons)
+    assert "NCCL_IB_HCA" not in result.env and "UCX_NET_DEVICES" not in result.env
+    assert ("NCCL_IB_HCA and UCX_NET_DEVICES left to NCCL and UCX: GPU(s) 0000:92:00.0 have no RDMA NIC on their "
+            "node") in "\n".join(result.reasons)
 
 
 def test_engines_without_nccl_and_hosts_without_rdma_nics_get_no_nic_variable():
-    assert "NCCL_IB_HCA" not in plan(tf.dgx_switches(), Request(gpus=2, engine="llama.cpp")).env
-    assert "NCCL_IB_HCA" not in plan(tf.dgx_switches(), Request(gpus=2)).env
+    for result in (plan(tf.dgx_switches(), Request(gpus=2, engine="llama.cpp")), plan(tf.dgx_switches(),
+                                                                                      Request(gpus=2))):
+        assert not {"NCCL_IB_HCA", "UCX_NET_DEVICES"} & set(result.env)
     plain = tf.dgx_switches()
     plain["nics"] = [nic for nic in plain["nics"] if not nic["rdma_name"]]
     result = plan(plain, Request(gpus=2, engine="vllm"))
-    assert "NCCL_IB_HCA" not in result.env and not [reason for reason in result.reasons if "NCCL" in reason]
+    assert not {"NCCL_IB_HCA", "UCX_NET_DEVICES"} & set(result.env)
+    assert not [reason for reason in result.reasons if "NCCL" in reason or "UCX" in reason]
+
+
+def test_a_plan_whose_nics_have_no_rdma_device_records_what_it_recorded_before_ports_were_read():
+    """No restart on upgrade: the map's NIC entries and the env of such a plan are as they were (no ports key)."""
+    plain = tf.dgx_switches()
+    plain["nics"] = [nic for nic in plain["nics"] if not nic["rdma_name"]]
+    record = plan_record(plan(plain, Request(gpus="0000:b2:00.0", engine="vllm")).to_dict())
+    assert record["gpu_map"][0]["nics"] == [
+        {"address": "0000:b5:00.0", "name": "eth0", "rdma_name": None, "near": "pcie_switch"}]
+    assert not [name for name in record["env"] if name.startswith(("NCCL", "UCX"))]
+
+
+def test_ucx_names_every_port_of_the_nearest_devices_and_is_left_alone_where_none_shows():
+    topology = tf.dgx_switches()
+    topology["nics"][0] = tf.make_nic("0000:14:00.0", 0, "ibp00", "mlx5_0", topology["nics"][0]["pci_path"],
+                                      port_states=("ACTIVE", "DOWN"))
+    result = plan(topology, Request(gpus="0000:12:00.0", engine="vllm"))
+    assert result.gpu_map[0]["nics"][0]["ports"] == [1, 2]
+    assert result.env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_0:2"  # UCX skips the port that is down
+    assert not [reason for reason in result.reasons if "no active port" in reason]
+    topology["nics"][0]["rdma_ports"] = []  # an RDMA device whose ports sysfs does not show
+    result = plan(topology, Request(gpus="0000:12:00.0", engine="sglang"))
+    assert result.env["NCCL_IB_HCA"] == "=mlx5_0" and "UCX_NET_DEVICES" not in result.env
+    assert "UCX_NET_DEVICES left to UCX: the RDMA NIC(s) nearest GPU(s) 0000:12:00.0 show no port in sysfs" \
+        in result.reasons
+
+
+@pytest.mark.parametrize("engine", ["vllm", "llama.cpp"])
+def test_a_nearest_rdma_nic_without_an_active_port_is_named_in_a_reason(engine):
+    topology = tf.dgx_switches()
+    topology["nics"][0] = tf.make_nic("0000:14:00.0", 0, "ibp00", "mlx5_0", topology["nics"][0]["pci_path"],
+                                      port_states=("DOWN", "INIT"))
+    result = plan(topology, Request(gpus="0000:12:00.0,0000:13:00.0", engine=engine))
+    assert ("RDMA NIC mlx5_0 (port 1 DOWN, port 2 INIT), the nearest to GPU(s) 0000:12:00.0, 0000:13:00.0, has no "
+            "active port: NCCL and UCX skip it, so their traffic to other hosts takes a farther NIC or none; bring "
+            "its link up") in result.reasons
+    assert result.env.get("UCX_NET_DEVICES", "mlx5_0:1,mlx5_0:2") == "mlx5_0:1,mlx5_0:2"  # the record stays
+    topology["nics"][0]["rdma_ports"][0]["state"] = None  # a state unread: the NIC is not said to be down
+    assert not [reason for reason in plan(topology, Request(gpus="0000:12:00.0", engine=engine)).reasons
+                if "no active port" in reason]
+
+
+@pytest.mark.parametrize("ports", [None, "1", [{"port": True}, {"port": "1"}, {"port": 0}, 7]])
+def test_facts_ports_of_another_shape_give_ucx_no_name(ports):
+    topology = tf.dgx_switches()
+    topology["nics"][0]["rdma_ports"] = ports
+    result = plan(topology, Request(gpus="0000:12:00.0", engine="trtllm"))
+    assert result.gpu_map[0]["nics"][0]["ports"] == [] and "UCX_NET_DEVICES" not in result.env
+
 

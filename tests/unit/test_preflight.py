@@ -362,12 +362,35 @@ def _host(tmp_path, machine=None, pid1="systemd", server=True, slice_cpus=None):
 
 def test_a_host_that_offers_what_the_services_need_has_no_problem(tmp_path):
     root = _host(tmp_path, slice_cpus=("0-159", "0-1"))
-    assert host.host_problems(root, [dict(SERVICE, layout="per_node")], "disabled") == []
+    assert host.host_findings(root, [dict(SERVICE, layout="per_node")], "disabled")[0] == []
+
+
+def _gpu_host(tmp_path, nic=True):
+    """dual_socket_gpus with a third GPU, on node 0, where no NIC is (the host's NIC is on node 1); ``nic``:
+    without it, the host has no NIC at all."""
+    machine = sysfs.dual_socket_gpus()
+    machine.add_pci("0000:18:00.0", 0x030200, 0x10de, 0x2330, 0, list(range(0, 40)) + list(range(80, 120)))
+    if not nic:
+        machine.files = {rel: text for rel, text in machine.files.items() if "0000:41:00.0" not in rel}
+    return _host(tmp_path, machine)
+
+
+def test_a_gpu_with_no_nic_on_its_node_is_a_warning_not_a_problem(tmp_path):
+    root = _gpu_host(tmp_path)
+    assert host.host_findings(root, [dict(SERVICE, layout="per_gpu", gpus=1)]) == ([], [
+        "service llama: llama@0.service: GPU(s) 0000:18:00.0 have no NIC on their node: their traffic to other "
+        "hosts (NCCL, UCX) crosses the socket link; give the instance GPUs on a node with a NIC, or put one there"])
+
+
+@pytest.mark.parametrize("nic, entry", [(False, dict(SERVICE, layout="per_gpu", gpus=1)),  # no NIC on the host
+                                        (True, SERVICE)])  # no GPU asked for
+def test_no_nic_warning_without_nics_on_the_host_or_gpus_in_the_request(tmp_path, nic, entry):
+    assert host.host_findings(_gpu_host(tmp_path, nic), [entry]) == ([], [])
 
 
 def test_a_host_without_systemd_a_server_or_a_fit_is_told_each(tmp_path):
     root = _host(tmp_path, pid1="bash", server=False)
-    problems = host.host_problems(root, [dict(SERVICE, layout="single", model_size="4T")])
+    problems = host.host_findings(root, [dict(SERVICE, layout="single", model_size="4T")])[0]
     assert problems[0].startswith("systemd: PID 1 here is bash, not systemd; ")
     assert problems[1] == ("service llama: command: /opt/llama/llama-server is not an executable file here; "
                            "install the server first, or give command[0] the path of its binary")
@@ -389,7 +412,7 @@ def test_a_command_without_a_slash_is_searched_where_systemd_searches(tmp_path):
 
 def test_a_plan_outside_the_slice_cpuset_is_named_with_the_fix(tmp_path):
     root = _host(tmp_path, slice_cpus=("0-39,80-119", "0"))
-    problems = host.host_problems(root, [SERVICE])
+    problems = host.host_findings(root, [SERVICE])[0]
     assert problems == [
         "service llama: llama@1.service: CPUs 40-79,120-159 of its plan are outside system.slice's cpuset "
         "(0-39,80-119, /sys/fs/cgroup/system.slice/cpuset.cpus.effective); widen the slice's AllowedCPUs= or "
@@ -402,10 +425,10 @@ def test_a_plan_outside_the_slice_cpuset_is_named_with_the_fix(tmp_path):
 def test_a_read_only_balancing_knob_is_a_problem_only_when_it_is_to_be_set(tmp_path, monkeypatch):
     root = _host(tmp_path)
     knob = os.path.join(root, host.BALANCING_KNOB)
-    assert host.host_problems(root, [], "disabled") == []
+    assert host.host_findings(root, [], "disabled")[0] == []
     monkeypatch.setattr(host.os, "access", lambda path, mode: path != knob)
-    assert host.host_problems(root, [], "keep") == []
-    assert host.host_problems(root, [], "disabled")[0].startswith(
+    assert host.host_findings(root, [], "keep")[0] == []
+    assert host.host_findings(root, [], "disabled")[0][0].startswith(
         "numa_host_balancing: /proc/sys/kernel/numa_balancing is read-only here")
 
 
@@ -441,10 +464,10 @@ def test_the_capability_check_is_part_of_the_hosts_problems(tmp_path, monkeypatc
     root = _host(tmp_path, slice_cpus=("0-159", "0-1"))
     _status(tmp_path, NO_PTRACE)
     monkeypatch.setattr(host.os, "geteuid", lambda: 0)
-    problems = host.host_problems(root, [SERVICE])
+    problems = host.host_findings(root, [SERVICE])[0]
     assert len(problems) == 1 and problems[0].startswith("service llama: audit: root here lacks CAP_SYS_PTRACE")
     _status(tmp_path, FULL_CAPS)
-    assert host.host_problems(root, [SERVICE]) == []
+    assert host.host_findings(root, [SERVICE])[0] == []
 
 
 @pytest.mark.parametrize("cap_eff, euid, services", [

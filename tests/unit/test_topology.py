@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import Request, plan
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import memory_classes, read
 
 from tests.fixtures import sysfs
@@ -63,7 +64,8 @@ def test_gpus_by_pci_class_without_bmc_or_nvswitch(tmp_path):
     assert node(facts, 0)["gpus"] == []
     assert facts["nics"] == [{"address": "0000:41:00.0", "vendor_id": "0x15b3", "vendor": "other",
                               "device_id": "0x101d", "class": "0x020000", "numa_node": 1, "locality": "numa_node",
-                              "local_cpulist": "40-79,120-159", "pci_path": [], "name": "ens1f0", "rdma_name": None}]
+                              "local_cpulist": "40-79,120-159", "pci_path": [], "name": "ens1f0", "rdma_name": None,
+                              "rdma_ports": []}]
     assert [(d["address"], d["name"]) for d in facts["nvme"]] == [("0000:01:00.0", "nvme0")]
 
 
@@ -353,6 +355,76 @@ def test_nics_carry_their_rdma_device(tmp_path):
     facts = build(tmp_path, "dgx_like")
     assert [(nic["name"], nic["rdma_name"], nic["numa_node"]) for nic in facts["nics"]] == [
         ("ibp0", "mlx5_0", 0), ("ibp1", "mlx5_1", 1), ("ibp2", "mlx5_2", 0), ("ibp3", "mlx5_3", 1)]
+
+
+IB = "sys/bus/pci/devices/0000:83:00.0/infiniband/mlx5_1"
+
+
+def rdma_machine(rdma_ports=(("4: ACTIVE", "InfiniBand"), ("1: DOWN", "Ethernet"))):
+    machine = sysfs.dual_socket_gpus()
+    machine.add_pci("0000:83:00.0", 0x020700, 0x15b3, 0x101d, 1, range(40, 80), net="ibp1", rdma="mlx5_1",
+                    rdma_ports=rdma_ports)
+    return machine
+
+
+def rdma_ports(machine, tmp_path, plan_only=False):
+    facts = read(machine.write(str(tmp_path)), plan_only)
+    json.dumps(facts)
+    return [nic["rdma_ports"] for nic in facts["nics"] if nic["address"] == "0000:83:00.0"][0], facts["warnings"]
+
+
+@pytest.mark.parametrize("plan_only", [False, True])  # numa-pin exec reads them too: UCX_NET_DEVICES names them
+def test_an_rdma_devices_ports_with_their_state_and_link_layer(tmp_path, plan_only):
+    assert rdma_ports(rdma_machine(), tmp_path, plan_only) == ([
+        {"port": 1, "state": "ACTIVE", "link_layer": "InfiniBand"},
+        {"port": 2, "state": "DOWN", "link_layer": "Ethernet"}], [])
+
+
+def test_an_rdma_device_without_ports_has_none_and_no_warning(tmp_path):
+    assert rdma_ports(rdma_machine(rdma_ports=()), tmp_path) == ([], [])
+
+
+@pytest.mark.parametrize("state, link_layer", [("9: ACTIVE", "InfiniBand2"), ("4: DOWN", "IB"), ("ACTIVE", "Ether"),
+                                               ("4:ACTIVE", "infiniband"), ("04: ACTIVE", ""), ("4: ACTIVE\x1b[2J", "x" * 5000)])
+def test_a_port_state_or_link_layer_the_kernel_does_not_print_is_a_warning(tmp_path, state, link_layer):
+    ports, warnings = rdma_ports(rdma_machine(rdma_ports=((state, link_layer),)), tmp_path)
+    assert ports == [{"port": 1, "state": None, "link_layer": None}]
+    assert len(warnings) == 2 and all("ports/1/" in warning and "\x1b" not in warning and len(warning) < 300
+                                      for warning in warnings), warnings
+
+
+def test_port_directories_named_otherwise_are_skipped_with_one_warning(tmp_path):
+    machine = rdma_machine()
+    for name in ("01", "0", "256", "x\x1b[2J", "-1"):
+        machine.put("%s/ports/%s/state" % (IB, name), "4: ACTIVE")
+    ports, warnings = rdma_ports(machine, tmp_path)
+    assert [port["port"] for port in ports] == [1, 2]
+    assert len(warnings) == 1 and "no port number from 1 to 255" in warnings[0] and "\x1b" not in warnings[0]
+
+
+@pytest.mark.parametrize("link, kept", [("ports/2", [1]), ("ports", [])])
+def test_a_port_directory_that_is_a_link_is_not_followed(tmp_path, link, kept):
+    """sysfs has each port, and ports/, as a directory: a link there is planted, and what it leads to is not read
+    (here a directory outside the device holding a port that looks real)."""
+    machine = rdma_machine(rdma_ports=(("4: ACTIVE", "InfiniBand"),) if kept else ())
+    machine.put("elsewhere/1/state", "4: ACTIVE").put("elsewhere/state", "4: ACTIVE")
+    machine.link("%s/%s" % (IB, link), "/elsewhere")
+    ports, warnings = rdma_ports(machine, tmp_path)
+    assert [port["port"] for port in ports] == kept
+    assert len(warnings) == 1 and "a link (to '/elsewhere') where sysfs has a directory; not followed" in warnings[0]
+
+
+@settings(max_examples=300)
+@given(st.one_of(st.text(max_size=30), st.builds("{}: {}".format, st.integers(-2, 8), st.sampled_from(
+    topology.PORT_STATES + ("UNKNOWN", "active", "")))))
+def test_a_port_state_parses_to_a_kernel_state_only_as_the_kernel_prints_it(text):
+    state = topology.parse_port_state(text)
+    assert state is None or text == "%d: %s" % (topology.PORT_STATES.index(state), state)
+
+
+@pytest.mark.parametrize("number, name", list(enumerate(topology.PORT_STATES)))
+def test_every_kernel_port_state_parses(number, name):
+    assert topology.parse_port_state("%d: %s" % (number, name)) == name
 
 
 def test_gpu_memory_node_from_the_drivers_numa_status(tmp_path):

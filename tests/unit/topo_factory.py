@@ -52,11 +52,14 @@ def make_gpu(address: str, numa_node: Optional[int], vendor: str = "nvidia",
 
 
 def make_nic(address: str, numa_node: Optional[int], name: str, rdma_name: Optional[str] = None,
-             pci_path: Sequence[str] = ()) -> Dict[str, Any]:
+             pci_path: Sequence[str] = (), port_states: Sequence[str] = ("ACTIVE",)) -> Dict[str, Any]:
+    """A NIC; with an RDMA device, one InfiniBand port per state of ``port_states``, numbered from 1."""
+    ports = [{"port": number, "state": state, "link_layer": "InfiniBand"}
+             for number, state in enumerate(port_states, 1)] if rdma_name else []
     return {"address": address, "vendor_id": "0x15b3", "vendor": "other", "device_id": "0x101d",
             "class": "0x020700" if rdma_name else "0x020000", "numa_node": numa_node,
             "locality": None if numa_node is None else "numa_node", "local_cpulist": "", "pci_path": list(pci_path),
-            "name": name, "rdma_name": rdma_name}
+            "name": name, "rdma_name": rdma_name, "rdma_ports": ports}
 
 
 def make_topology(nodes: List[Dict[str, Any]], distances: Optional[List[List[int]]] = None,

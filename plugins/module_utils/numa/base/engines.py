@@ -61,7 +61,8 @@ class Engine:
         self.conflicts = conflicts
         self.health_path = health_path
         self.api = api
-        self.nccl = nccl  # its GPUs talk over NCCL (RCCL reads the same variables): it is told their nearest NICs
+        # Its GPUs talk over NCCL (RCCL reads the same variables) and UCX: it is told their nearest NICs (nic_env).
+        self.nccl = nccl
 
 
 def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
@@ -71,8 +72,8 @@ def recipe(engine: str, gpu_map: GpuMap, spanning: bool) -> Dict[str, Any]:
     record = ENGINES[engine]
     args, env, requires, reasons = record.recipe(gpu_map, spanning)
     if record.nccl:
-        nic_env, nic_reasons = nccl_nics(gpu_map)
-        env, reasons = dict(env, **nic_env), reasons + nic_reasons
+        nics, nic_reasons = nic_env(gpu_map)
+        env, reasons = dict(env, **nics), reasons + nic_reasons
     return {"engine": engine, "args": args, "env": env, "requires": requires,
             "conflicts": sorted(flag for flag, _variable, _why in record.conflicts), "reasons": reasons}
 
@@ -92,28 +93,53 @@ def conflicting_flags(engine: str, argv: Sequence[str], environ: Optional[Mappin
     return found
 
 
-def nccl_nics(gpu_map: GpuMap) -> Tuple[Dict[str, str], List[str]]:
-    """``NCCL_IB_HCA`` naming, exactly (``=``), the RDMA devices nearest each GPU of the map (its ``nics``, nearest
-    first), so NCCL's traffic leaves by a NIC on the GPU's own switch or node, never across the socket link; unset,
-    with the reason, when a GPU has none near it. Nothing where the map names no RDMA NIC at all (one host's GPUs
-    talk over NVLink or PCIe). NCCL_SOCKET_IFNAME is never set: its bootstrap needs an interface with an address,
-    which sysfs does not show."""
-    nearest = []  # type: List[List[str]]
-    for gpu in gpu_map:
-        rdma = [nic for nic in gpu.get("nics") or () if nic.get("rdma_name")]
-        nearest.append([nic["rdma_name"] for nic in rdma if nic.get("near") == rdma[0].get("near")] if rdma else [])
+# What an engine that talks over NCCL is told of each GPU's nearest RDMA NICs, one variable a row: (variable, the
+# library that reads it, what the value starts with, each name a NIC of the map gives it). NCCL_IB_HCA names the
+# devices exactly ("=": no prefix match, mlx5_1 is not mlx5_10); UCX_NET_DEVICES (vLLM's NIXL transfers,
+# TensorRT-LLM's disaggregated serving) names each device's ports, "mlx5_0:1", every port the facts list: UCX skips
+# one that is not active. NCCL_SOCKET_IFNAME is never set: its bootstrap needs an interface with an address, which
+# sysfs does not show.
+NIC_VARIABLES = (
+    ("NCCL_IB_HCA", "NCCL", "=", lambda nic: [nic["rdma_name"]]),
+    ("UCX_NET_DEVICES", "UCX", "", lambda nic: ["%s:%d" % (nic["rdma_name"], port) for port in nic.get("ports") or ()]),
+)  # type: Tuple[Tuple[str, str, str, Callable[[Mapping[str, Any]], List[str]]], ...]
+
+
+def nearest_rdma(gpu: Mapping[str, Any]) -> List[Mapping[str, Any]]:
+    """The RDMA NICs of a map entry's ``nics`` (nearest first) that are as near as the nearest of them."""
+    rdma = [nic for nic in gpu.get("nics") or () if nic.get("rdma_name")]
+    return [nic for nic in rdma if nic.get("near") == rdma[0].get("near")]
+
+
+def nic_env(gpu_map: GpuMap) -> Tuple[Dict[str, str], List[str]]:
+    """Each NIC_VARIABLES variable naming the RDMA devices nearest each GPU of the map, so its traffic to other
+    hosts leaves by a NIC on the GPU's own switch or node, never across the socket link; all unset, with the
+    reason, when a GPU has none near it, and one unset, with the reason, when a GPU's nearest NICs give it no name
+    (no ports known). Nothing where the map names no RDMA NIC at all (one host's GPUs talk over NVLink or PCIe)."""
+    nearest = [nearest_rdma(gpu) for gpu in gpu_map]
     if not any(nearest):
         return {}, []
-    lonely = [gpu["gpu"] for gpu, names in zip(gpu_map, nearest) if not names]
+    lonely = [gpu["gpu"] for gpu, nics in zip(gpu_map, nearest) if not nics]
     if lonely:
-        return {}, ["NCCL_IB_HCA left to NCCL: GPU(s) %s have no RDMA NIC on their node (their traffic crosses the "
-                    "socket link)" % ", ".join(lonely)]
-    names = []  # type: List[str]
-    for group in nearest:
-        names.extend(name for name in group if name not in names)
-    return {"NCCL_IB_HCA": "=" + ",".join(names)}, [
-        "NCCL_IB_HCA=%s: the RDMA NIC(s) nearest each GPU (%s)" % ("=" + ",".join(names), "; ".join(
-            "%s: %s" % (gpu["gpu"], "/".join(group)) for gpu, group in zip(gpu_map, nearest)))]
+        return {}, ["%s left to %s: GPU(s) %s have no RDMA NIC on their node (their traffic crosses the socket "
+                    "link)" % (" and ".join(row[0] for row in NIC_VARIABLES),
+                               " and ".join(row[1] for row in NIC_VARIABLES), ", ".join(lonely))]
+    env = {}  # type: Dict[str, str]
+    reasons = []  # type: List[str]
+    for variable, library, prefix, names_of in NIC_VARIABLES:
+        groups = [[name for nic in nics for name in names_of(nic)] for nics in nearest]
+        unnamed = [gpu["gpu"] for gpu, names in zip(gpu_map, groups) if not names]
+        if unnamed:
+            reasons.append("%s left to %s: the RDMA NIC(s) nearest GPU(s) %s show no port in sysfs" % (
+                variable, library, ", ".join(unnamed)))
+            continue
+        names = []  # type: List[str]
+        for group in groups:
+            names.extend(name for name in group if name not in names)
+        env[variable] = prefix + ",".join(names)
+        reasons.append("%s=%s: the RDMA NIC(s) nearest each GPU (%s)" % (variable, env[variable], "; ".join(
+            "%s: %s" % (gpu["gpu"], "/".join(group)) for gpu, group in zip(gpu_map, groups))))
+    return env, reasons
 
 
 def _generic(gpu_map: GpuMap, spanning: bool) -> Parts:

@@ -27,7 +27,7 @@ exact integer arithmetic instead of ``fractions`` (which pulls in ``decimal`` an
 from __future__ import annotations
 
 from ..base.cpulist import format_cpulist, is_kernel_number, parse_cpulist
-from ..base.engines import recipe
+from ..base.engines import nearest_rdma, recipe
 from ..base.errors import NumaError, shown
 from ..base.gpu_vendors import visibility_env
 from ..inputs.request import Request, copied
@@ -966,7 +966,7 @@ def _gpu_map(hints: _Hints, placement: _Placement, cpus: List[int],
             "mem_nodes": memory or sorted(placement.mem_nodes), "memory_node": gpu.get("memory_node"),
             "nics": _near_nics(hints.nics, gpu, node),
         })
-    return result, reasons
+    return result, reasons + _idle_rdma(hints.nics, result)
 
 
 # How near a NIC is to a GPU, nearest first (NCCL's PIX/PXB, PHB and NODE): they share a PCIe bridge (traffic
@@ -980,9 +980,44 @@ def _near_nics(nics: List[Dict[str, Any]], gpu: Dict[str, Any], node: int) -> Li
     for nic in nics:
         near = _nic_nearness(gpu, nic, node)
         if near:
-            found.append({"address": nic.get("address"), "name": nic.get("name"), "rdma_name": nic.get("rdma_name"),
-                          "near": near})
+            entry = {"address": nic.get("address"), "name": nic.get("name"), "rdma_name": nic.get("rdma_name"),
+                     "near": near}
+            if nic.get("rdma_name"):
+                # Every port, whatever its state: UCX and NCCL skip one that is not active, and a link going up or
+                # down must not change the plan's record (a restart). Only an RDMA NIC has the key, so a plan whose
+                # NICs have no RDMA device records the map it recorded before ports were read.
+                entry["ports"] = [port["port"] for port in _rdma_ports(nic)]
+            found.append(entry)
     return sorted(found, key=lambda nic: (NIC_NEARNESS.index(nic["near"]), str(nic["address"])))
+
+
+def _rdma_ports(nic: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The facts' ``rdma_ports`` of ``nic`` that are what numa_facts writes (facts may come from elsewhere)."""
+    ports = nic.get("rdma_ports")
+    return [port for port in ports if isinstance(port, dict) and isinstance(port.get("port"), int)
+            and not isinstance(port["port"], bool) and port["port"] >= 1] if isinstance(ports, list) else []
+
+
+# The port states that carry traffic (ACTIVE_DEFER: active, its errors held back).
+_ACTIVE_PORT_STATES = ("ACTIVE", "ACTIVE_DEFER")
+
+
+def _idle_rdma(nics: List[Dict[str, Any]], gpu_map: List[Dict[str, Any]]) -> List[str]:
+    """A reason per RDMA NIC nearest a GPU of the map whose every port's state is known and none active: NCCL and
+    UCX skip such a port, so that traffic leaves by another NIC, farther away, or not at all. A NIC whose ports'
+    states are not all known is not said to be down."""
+    ports_of = {nic.get("address"): _rdma_ports(nic) for nic in nics}
+    idle = {}  # type: Dict[str, List[str]]
+    for entry in gpu_map:
+        for nic in nearest_rdma(entry):
+            states = [port.get("state") for port in ports_of.get(nic["address"]) or ()]
+            if states and None not in states and not set(states) & set(_ACTIVE_PORT_STATES):
+                idle.setdefault("%s (%s)" % (nic["rdma_name"], ", ".join(
+                    "port %d %s" % (port["port"], port["state"]) for port in ports_of[nic["address"]])), []).append(
+                    entry["gpu"])
+    return ["RDMA NIC %s, the nearest to GPU(s) %s, has no active port: NCCL and UCX skip it, so their traffic to "
+            "other hosts takes a farther NIC or none; bring its link up" % (nic, ", ".join(gpus))
+            for nic, gpus in sorted(idle.items())]
 
 
 def _nic_nearness(gpu: Dict[str, Any], nic: Dict[str, Any], node: int) -> Optional[str]:

@@ -33,10 +33,13 @@ def _planned(name: str, index: int, result: Any) -> Dict[str, Any]:
     return {"service": name, "index": index, "unit": "%s@%d.service" % (name, index), "error": None,
             "policy": placement["policy"], "mem_nodes": placement["mem_nodes"],
             "nodes": format_cpulist(placement["mem_nodes"]), "cpulist": placement["cpulist"],
-            "threads": placement["threads"], "gpus": placement["gpus"], "port": placement["port"]}
+            "threads": placement["threads"], "gpus": placement["gpus"], "port": placement["port"],
+            # The map lists each GPU's NICs on its worker's node; a GPU with none talks to other hosts across the
+            # socket link (the preflight warns).
+            "gpus_without_nic": [gpu["gpu"] for gpu in placement["gpu_map"] if not gpu["nics"]]}
 
 
 def _unplanned(name: str, why: str, index: Optional[int] = None) -> Dict[str, Any]:
     return {"service": name, "index": index, "unit": None if index is None else "%s@%d.service" % (name, index),
             "error": why, "policy": None, "mem_nodes": [], "nodes": "", "cpulist": "", "threads": 0, "gpus": [],
-            "port": None}
+            "port": None, "gpus_without_nic": []}

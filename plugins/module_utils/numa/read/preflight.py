@@ -16,12 +16,15 @@ Read-only. Each problem is one line, "[service NAME: ]what: cause; fix":
   first restarted instance fails, after the change.
 
 The syscall check runs only on the live host (``root`` "/"): a captured tree has no kernel to ask.
+
+A warning is a line of the same form for what works but costs: a GPU of a plan with no NIC on its node, on a host
+that has NICs, sends its traffic to other hosts across the socket link.
 """
 
 import errno
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .kernel_files import Root, printable, read_status
 from .topology import read
@@ -43,24 +46,27 @@ _CAP_MASK = re.compile(r"^[0-9a-fA-F]{1,32}$")
 ROOT_USERS = ("root", "0")
 
 
-def host_problems(root: str, services: Sequence[Mapping[str, Any]], balancing: str = "keep") -> List[str]:
-    """Every problem this host has with ``services`` (inference_service_list entries, defaults merged) and
-    with setting balancing to ``balancing`` (keep: not set)."""
+def host_findings(root: str, services: Sequence[Mapping[str, Any]],
+                  balancing: str = "keep") -> Tuple[List[str], List[str]]:
+    """(every problem this host has with ``services`` (inference_service_list entries, defaults merged) and with
+    setting balancing to ``balancing`` (keep: not set), every warning)."""
     problems = systemd_problems(root)
     if balancing != "keep":
         problems += balancing_problems(root)
     if not services:
-        return problems
+        return problems, []
     if root == "/":
         problems += mempolicy_problems()
     problems += audit_problems(root, services)
     topology = read(root)
     allowed = slice_allowed(root)
+    warnings = []  # type: List[str]
     for entry in services:
         name = str(entry.get("name"))
-        found = service_problems(root, entry, topology, allowed)
+        found, told = service_findings(root, entry, topology, allowed)
         problems += ["service %s: %s" % (name, problem) for problem in found]
-    return problems
+        warnings += ["service %s: %s" % (name, warning) for warning in told]
+    return problems, warnings
 
 
 def systemd_problems(root: str) -> List[str]:
@@ -134,18 +140,26 @@ def slice_allowed(root: str) -> Optional[Dict[str, List[int]]]:
         return None
 
 
-def service_problems(root: str, entry: Mapping[str, Any], topology: Mapping[str, Any],
-                     allowed: Optional[Mapping[str, List[int]]]) -> List[str]:
+def service_findings(root: str, entry: Mapping[str, Any], topology: Mapping[str, Any],
+                     allowed: Optional[Mapping[str, List[int]]]) -> Tuple[List[str], List[str]]:
+    """(the entry's problems, its warnings), each line led by the unit it is of."""
     problems = command_problems(root, entry.get("command") or [])
+    warnings = []
     runtime = (entry.get("container") or {}).get("runtime")
     for row in plan_service(topology, entry):
         where = row["unit"] or "placement"
         unapplied = policy_problem(runtime, row["policy"]) if runtime and not row["error"] else None
         if row["error"] or unapplied:
             problems.append("%s: %s" % (where, row["error"] or unapplied))
-        elif allowed is not None:
+            continue
+        if allowed is not None:
             problems += ["%s: %s" % (where, problem) for problem in _outside_slice(row, allowed)]
-    return problems
+        if row["gpus_without_nic"] and topology.get("nics"):
+            # Only where the host has NICs: a single box without any has no traffic to other hosts to misroute.
+            warnings.append("%s: GPU(s) %s have no NIC on their node: their traffic to other hosts (NCCL, UCX) "
+                            "crosses the socket link; give the instance GPUs on a node with a NIC, or put one "
+                            "there" % (where, printable(", ".join(row["gpus_without_nic"]))))
+    return problems, warnings
 
 
 def command_problems(root: str, command: Sequence[str]) -> List[str]:

@@ -28,15 +28,15 @@ import errno
 import os
 import stat
 
-from ..base.cpulist import (DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, is_pci_address, parse_cpulist,
-                            parse_integer)
+from ..base.cpulist import (DIGITS, HEX_DIGITS, MAX_CPUS, MAX_NODES, format_cpulist, is_kernel_number,
+                            is_pci_address, parse_cpulist, parse_integer)
 from ..base.errors import NumaError
 from ..base.gpu_vendors import index_facts, vendor_name
 from .kernel_files import MAX_FILE_BYTES, NODE_DIR, Root, excerpt, numbered, parse_status, printable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+    from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
     # What a memory node delivers: bandwidth (any unit, the same for every node compared) and latency (ns;
     # None when unknown: HMAT's latency files may be missing or 0).
@@ -55,6 +55,13 @@ GPU_CLASSES = frozenset((0x0300, 0x0302, 0x0380, 0x1200))
 BMC_VENDORS = frozenset(("0x1a03", "0x102b"))  # ASPEED, Matrox
 NIC_CLASSES = frozenset((0x0200, 0x0207))  # Ethernet, InfiniBand
 NVME_CLASS = 0x010802
+# An RDMA port's state as sysfs prints it, "4: ACTIVE": the kernel's ib_port_state number, then its name (the
+# index here). Only an ACTIVE port carries traffic; UCX and NCCL skip the others.
+PORT_STATES = ("NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER")
+# An RDMA port's link_layer as sysfs prints it: InfiniBand, or Ethernet for RoCE.
+LINK_LAYERS = frozenset(("InfiniBand", "Ethernet", "Unknown"))
+# RDMA ports are numbered by a byte, from 1: a directory under ports/ named otherwise is none.
+MAX_RDMA_PORT = 255
 
 # The meminfo fields the facts are made of (system-wide and per node).
 _MEMINFO_USED = frozenset(("MemTotal", "MemFree", "MemAvailable", "FilePages", "Shmem", "Cached", "Buffers"))
@@ -911,6 +918,7 @@ def _read_pci(reader: _Reader, nodes: List[Dict[str, Any]]) -> Dict[str, List[Di
             if kind == "nic":
                 # The RDMA device (mlx5_0) is what NCCL_IB_HCA and UCX_NET_DEVICES name.
                 record["rdma_name"] = _device_name(reader, base, "infiniband")
+                record["rdma_ports"] = _rdma_ports(reader, base, record["rdma_name"])
             found["nics" if kind == "nic" else "nvme"].append(record)
     for gpu in found["gpus"]:
         gpu.update(index_facts(gpu, found["gpus"]))
@@ -1051,6 +1059,60 @@ def _node_from_cpus(local_cpus: Optional[List[int]], nodes: List[Dict[str, Any]]
 def _device_name(reader: _Reader, base: str, subdir: str) -> Optional[str]:
     names = reader.listdir(base + "/" + subdir)
     return names[0] if names else None
+
+
+def _rdma_ports(reader: _Reader, base: str, rdma_name: Optional[str]) -> List[Dict[str, Any]]:
+    """The ports of the NIC's RDMA device (``infiniband/mlx5_0/ports/1``, which UCX names ``mlx5_0:1``), by number,
+    each with its ``state`` and ``link_layer`` (None, warned, when garbage); [] without an RDMA device or ports.
+    sysfs has each port as a directory: a link there is not the kernel's, so it is warned and not followed."""
+    if rdma_name is None:
+        return []
+    ports_dir = "%s/infiniband/%s/ports" % (base, rdma_name)
+    if _planted_link(reader, ports_dir):
+        return []
+    names = reader.listdir(ports_dir)
+    numbers = [number for number in numbered(names, "") if 1 <= number <= MAX_RDMA_PORT]
+    others = sorted(set(names) - {str(number) for number in numbers})
+    if others:
+        reader.warn("%s: entries that are no port number from 1 to %d, skipped: %s" % (
+            ports_dir, MAX_RDMA_PORT, reader.quote(ports_dir, ", ".join(others))))
+    ports = []
+    for number in numbers:
+        port_dir = "%s/%d" % (ports_dir, number)
+        if not _planted_link(reader, port_dir):
+            ports.append({"port": number, "state": _port_field(reader, port_dir + "/state", parse_port_state),
+                          "link_layer": _port_field(reader, port_dir + "/link_layer", _link_layer)})
+    return ports
+
+
+def _planted_link(reader: _Reader, rel: str) -> bool:
+    """Whether ``rel``, a directory in sysfs, is a symbolic link (warned: not followed)."""
+    text = reader.link(rel)
+    if text is None:
+        return False
+    reader.warn("%s: a link (to %s) where sysfs has a directory; not followed" % (rel, reader.quote(rel, text)))
+    return True
+
+
+def _port_field(reader: _Reader, rel: str, parse: Callable[[str], Optional[str]]) -> Optional[str]:
+    raw = reader.text(rel, required=False)
+    value = parse(raw) if raw is not None else None
+    if raw is not None and value is None:
+        reader.warn("%s: not what the kernel prints there: %s" % (rel, reader.quote(rel, raw)))
+    return value
+
+
+def parse_port_state(text: str) -> Optional[str]:
+    """``4: ACTIVE`` -> ``ACTIVE``: the name of an RDMA port's state where its number is the kernel's for that name
+    (PORT_STATES); None for anything else."""
+    number, separator, name = text.partition(": ")
+    if not separator or not is_kernel_number(number) or int(number) >= len(PORT_STATES):
+        return None
+    return name if PORT_STATES[int(number)] == name else None
+
+
+def _link_layer(text: str) -> Optional[str]:
+    return text if text in LINK_LAYERS else None
 
 
 # --- kernel knobs -----------------------------------------------------------
