@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # typing costs milliseconds at every unit start; annotations 
     Sets = Dict[str, Tuple[str, bool]]
 
 # The collection's version (galaxy.yml; tests/unit/test_cli.py holds them equal).
-VERSION = "1.2.0"
+VERSION = "1.3.0"
 EXIT_AUDIT_FAILED = 1
 EXIT_BAD_REQUEST = 2
 EXIT_KERNEL_REFUSED = 3
