@@ -22,6 +22,7 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import governor
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import irq_targets
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.placement import PlacementError, Request, plan
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read import topology
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.kernel_files import Root
@@ -326,3 +327,63 @@ def test_gpu_plans_map_every_gpu_and_cover_the_nodes_they_span(dump_roots, name)
         if len(local) > 1:
             assert local <= set(result.cpu_nodes) and len(result.mem_nodes) > 1, result.reasons
             assert any("span nodes" in reason for reason in result.reasons)
+
+
+NIC_OR_NVME = (0x0200, 0x0207, 0x0108)  # the facts' NIC classes and NVMe (0x010802's upper bytes)
+# The dumps with NICs or NVMe drives on a node of known CPUs, and how many: two NICs and an NVMe drive on node 0 of
+# the dual Xeon with DAX and NVMe; four NICs of the 2-socket Xeon with eight vector engines.
+CHECKED_DEVICE_COUNTS = {"32em64t-2n8c+dax+nvme+mic+dimms": 3, "32intel64-2p8co2t+8ve": 4}
+
+
+def raw_device_node(root, address):
+    """The device's numa_node; where the kernel knows none (-1) on a host of several nodes, the one node whose CPUs
+    hold its local_cpulist (on one node, local CPUs say nothing: they are all of them)."""
+    node = int(raw(root, "sys/bus/pci/devices/%s/numa_node" % address) or "-1")
+    if node >= 0:
+        return node
+    local = ids_of(raw(root, "sys/bus/pci/devices/%s/local_cpulist" % address))
+    names = [name for name in os.listdir(os.path.join(root, "sys/devices/system/node")) if re.match(r"node\d+$", name)]
+    holding = [int(name[4:]) for name in names
+               if local and local <= ids_of(raw(root, "sys/devices/system/node/%s/cpulist" % name))]
+    return holding[0] if len(holding) == 1 and len(names) > 1 else -1
+
+
+def raw_and_planned_targets(root):
+    """An instance on every node with CPUs, each keeping its node's first CPU out (reserve_cpus): the device interrupt
+    targets the raw files give each NIC and NVMe drive of a known node (its node's spare CPUs), and irq_targets'."""
+    facts = read(root)
+    plans = []
+    for node in [node for node in facts["nodes"] if node["cpus"]]:
+        try:
+            placed = plan(facts, Request(node=node["id"], gpus="none", reserve_cpus=str(node["cpus"][0])))
+        except PlacementError:
+            continue
+        plans.append({"cpus": placed.cpus, "gpus": placed.gpus})
+    used = set().union(*(set(record["cpus"]) for record in plans)) if plans else set()
+    online = online_cpus(root)
+    pci_dir = os.path.join(root, "sys/bus/pci/devices")
+    expected = {}
+    for address in sorted(os.listdir(pci_dir)) if os.path.isdir(pci_dir) else []:
+        device_class = int(raw(root, "sys/bus/pci/devices/%s/class" % address) or "0", 16)
+        if device_class >> 8 not in NIC_OR_NVME or (device_class >> 8 == 0x0108 and device_class & 0xff != 2):
+            continue
+        node = raw_device_node(root, address)
+        node_cpus = ids_of(raw(root, "sys/devices/system/node/node%d/cpulist" % node)) & online if node >= 0 else set()
+        if node_cpus & used:
+            spare = node_cpus - used - ids_of(facts["cpus"]["isolated"]) - ids_of(facts["cpus"]["nohz_full"])
+            expected[address] = (node, tuple(sorted(spare or node_cpus)))
+    targets, _reasons = irq_targets(facts, plans)
+    return expected, targets
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_device_interrupt_targets_are_their_nodes_spare_cpus_by_raw_sysfs(dump_roots, name):
+    expected, targets = raw_and_planned_targets(dump_roots[name])
+    assert {target.address: (target.node, target.cpus) for target in targets} == expected
+    assert all(target.spare for target in targets), targets  # each node kept its first CPU out
+
+
+def test_the_dumps_devices_with_interrupts_to_place_are_there_to_check(dump_roots):
+    """The test above checks something: the dumps whose NICs or NVMe drives sit on a node of known CPUs."""
+    found = {name: len(raw_and_planned_targets(root)[0]) for name, root in dump_roots.items()}
+    assert {name: count for name, count in found.items() if count} == CHECKED_DEVICE_COUNTS
