@@ -11,6 +11,7 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import (IrqTarget, irq_targets,
                                                                                            parse_table, table_text)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import exposition, metrics
 from tests.unit.topo_factory import dgx_switches, make_gpu, make_nic, make_node, make_topology
 
 NIC1, NIC0, GPU1 = "0000:81:00.0", "0000:41:00.0", "0000:82:00.0"
@@ -204,3 +205,18 @@ def test_a_running_irqbalance_without_the_script_fails_naming_the_setting():
         device_irqs.check_irqbalance(systemctl, lambda path: b"/usr/sbin/irqbalance\0--foreground\0")
     device_irqs.check_irqbalance(systemctl, lambda path: (
         "/usr/sbin/irqbalance\0--foreground\0--policyscript=%s\0" % device_irqs.POLICY_PATH).encode())
+
+
+def test_the_metrics_count_each_devices_interrupts_served_outside_its_cpus(tmp_path):
+    root = host(tmp_path)
+    device_irqs.apply(device_irqs.make_plan(root, [IrqTarget(NIC1, "nic", 1, (6, 7), True)], "/usr/bin/numa-pin"),
+                      no_systemd)
+    write(root, "proc/irq/46/smp_affinity_list", "0-7\n")  # another tool moved one back
+    snap = metrics.collect(root, str(tmp_path / "no-plans"), no_systemd, topology=two_nodes(), clock=lambda: 1.0)
+    assert snap["host"]["device_irqs"] == [{"device": NIC1, "cpus": "6-7", "interrupts": 3, "outside": 1}]
+    text = exposition.render(snap)
+    assert 'inferops_numa_device_interrupts{cpus="6-7",device="%s"} 3\n' % NIC1 in text
+    assert 'inferops_numa_device_interrupts_outside{cpus="6-7",device="%s"} 1\n' % NIC1 in text
+    os.chmod(os.path.join(root, device_irqs.TABLE_PATH.lstrip("/")), 0o666)  # a table anyone could have written
+    untrusted = metrics.collect(root, str(tmp_path / "no-plans"), no_systemd, topology=two_nodes())
+    assert untrusted["host"]["device_irqs"] == [] and any("device-irqs.conf" in w for w in untrusted["warnings"])

@@ -27,7 +27,7 @@ import os
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import knobs
-from ..base.cpulist import format_cpulist, is_pci_address
+from ..base.cpulist import format_cpulist, is_pci_address, parse_cpulist
 from ..base.errors import NumaError
 from ..decide.device_irqs import IrqTarget, parse_table, table_text
 from ..decide.records import PLAN_SUFFIX, REDEPLOY, plan_problem
@@ -331,6 +331,28 @@ def apply_table(root: str, table: Dict[str, Tuple[int, ...]]) -> Tuple[List[str]
             else:
                 managed.append(setting.name)
     return done, managed
+
+
+# ---------------------------------------------------------------- watching
+
+
+def served_elsewhere(root: str) -> List[Dict[str, Any]]:
+    """Each device of the table with its CPUs, its interrupts, and how many of them the kernel lets run on a CPU
+    outside those (something moved them, or the kernel manages them); [] without a table. NumaError for a table
+    that cannot be trusted."""
+    found = []
+    for address, cpus in sorted(read_table(root).items()):
+        irqs = device_interrupts(root, address)
+        outside = 0
+        for irq in irqs:
+            path = "/proc/irq/%d/smp_affinity_list" % irq
+            try:
+                serving = set(parse_cpulist(knobs.read_value(root, _name(address, irq), path) or ""))
+            except NumaError:
+                serving = set()
+            outside += not serving or not serving <= set(cpus)
+        found.append({"device": address, "cpus": format_cpulist(cpus), "interrupts": len(irqs), "outside": outside})
+    return found
 
 
 # ---------------------------------------------------------------- reporting

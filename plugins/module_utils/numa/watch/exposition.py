@@ -90,7 +90,20 @@ def _host_families(host: Mapping[str, Any]) -> List[Family]:
         free.add(labels, node["memory_free_bytes"])
         for name, family in counters.items():
             family.add(labels, node["counters"].get(name))
-    return [balancing, nodes, cpus, gpus, total, free] + list(counters.values())
+    return [balancing, nodes, cpus, gpus, total, free] + list(counters.values()) + _irq_families(host)
+
+
+def _irq_families(host: Mapping[str, Any]) -> List[Family]:
+    interrupts = Family("device_interrupts", "gauge",
+                        "MSI interrupts of a device whose interrupts numa_irqs serves on its node's CPUs.")
+    outside = Family("device_interrupts_outside", "gauge",
+                     "Those of them the kernel may run outside the device's CPUs (moved by another tool, or "
+                     "managed by the kernel).")
+    for device in host.get("device_irqs") or ():
+        labels = {"device": device["device"], "cpus": device["cpus"]}
+        interrupts.add(labels, device["interrupts"])
+        outside.add(labels, device["outside"])
+    return [interrupts, outside]
 
 
 _COUNTER_MEANINGS = (

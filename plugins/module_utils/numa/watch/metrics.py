@@ -82,7 +82,18 @@ def _host(root: str, topology: Mapping[str, Any], warnings: List[str]) -> Dict[s
     warnings.extend(topology.get("warnings") or [])
     return {"numa_balancing": (topology.get("kernel") or {}).get("numa_balancing"), "nodes": nodes,
             "node_count": len(nodes), "cpu_count": sum(node["cpus"] for node in nodes),
-            "gpu_count": len(topology.get("gpus") or [])}
+            "gpu_count": len(topology.get("gpus") or []), "device_irqs": _device_irqs(root, warnings)}
+
+
+def _device_irqs(root: str, warnings: List[str]) -> List[Dict[str, Any]]:
+    """numa_irqs' devices, each with how many of its interrupts are served outside its CPUs."""
+    from ..act.device_irqs import served_elsewhere
+
+    try:
+        return served_elsewhere(root)
+    except NumaError as exc:
+        warnings.append(str(exc))
+        return []
 
 
 def _kib(value: Any) -> Optional[int]:
