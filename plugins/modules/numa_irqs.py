@@ -46,6 +46,23 @@ options:
     description: Where numa-pin is installed on the host (the boot unit runs C(numa-pin irqs)).
     type: path
     default: /usr/local/bin/numa-pin
+  gates:
+    description:
+      - The instances whose tokens/s judge a change, as M(inferops.numa.numa_rollout) takes them (C(unit), C(port),
+        C(engine), C(ab_gate); other keys are ignored). The inference_service role passes its gated instances.
+      - Each running one is measured before and after the change (the A/B gate of a placement change); when one is
+        slower beyond its noise band (or gains less than its C(min_gain_percent)) the table before is written
+        again, the rolled-back table is recorded in C(/etc/inferops-numa/device-irqs.rejected) and later runs keep
+        the table before it until the plans change. An instance that cannot be measured before the change fails
+        the module with nothing changed; after it, the change is taken back first.
+      - Not used with O(state=absent), which puts the interrupts back unmeasured.
+    type: list
+    elements: dict
+    default: []
+  request_seconds:
+    description: How long one measuring request may take.
+    type: float
+    default: 600
 attributes:
   check_mode:
     support: full
@@ -90,17 +107,30 @@ reasons:
   returned: always
   type: list
   elements: str
+ab_gate:
+  description: Each gated instance's verdict (tokens/s before and after, gain, noise band, kept), by unit.
+  returned: always
+  type: dict
+rolled_back:
+  description: Whether the A/B gate found an instance slower and the table before was written again.
+  returned: always
+  type: bool
 msg:
   description: What was (or would be) changed.
   returned: always
   type: str
 """
 
+from typing import List, Tuple
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import device_irqs
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import irq_targets
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import (irq_targets, parse_table,
+                                                                                           table_text)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure.ab_gate import REQUEST_SECONDS, Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.systemctl import run_command
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 from ansible_collections.inferops.numa.plugins.module_utils.numa.system.root_files import host_path
@@ -110,8 +140,44 @@ ARGUMENT_SPEC = {
     "state": {"type": "str", "choices": ["present", "absent"], "default": "present"},
     "plan_dir": {"type": "path"},
     "numa_pin": {"type": "path", "default": "/usr/local/bin/numa-pin"},
+    "gates": {"type": "list", "elements": "dict", "default": []},
+    "request_seconds": {"type": "float", "default": REQUEST_SECONDS},
     **host_root_argument_spec(),
 }
+
+
+def is_active(unit: str) -> bool:
+    """Whether systemd runs the unit: one that does not answers no request to measure."""
+    return run_command(["systemctl", "is-active", "--quiet", "--", unit])[0] == 0
+
+
+def wanted(root: str, plan_dir: str) -> Tuple[list, List[str]]:
+    """The devices the plans give interrupts to, unless the A/B gate rolled that same table back: then the table
+    before it."""
+    plans, reasons = device_irqs.plan_records(plan_dir or host_path(root, "/etc/inferops-numa"))
+    targets, why = irq_targets(read(root), plans)
+    last = device_irqs.rejected(root)
+    if last is not None and table_text(targets, device_irqs.OWNER) == last["table"]:
+        return parse_table(last["previous"] or ""), reasons + why + [
+            "the A/B gate rolled back this table before (%s): the one before it stays; it is measured again when the "
+            "plans change, or once %s is removed" % (last["verdict"], device_irqs.REJECTED_PATH)]
+    return targets, reasons + why
+
+
+def gated_instances(gates: List[dict], request_seconds: float) -> List[Tuple[str, Gate]]:
+    """(unit, Gate) of each instance the role gates (its numa_rollout instances with an ab_gate); other keys of an
+    entry are the rollout's and ignored here."""
+    found = []
+    for entry in gates:
+        unit, engine = entry.get("unit"), entry.get("engine") or GENERIC
+        if not isinstance(unit, str) or not unit or engine not in ENGINES:
+            raise NumaError("gates: each entry needs a unit and an engine of %s, not %s"
+                            % (", ".join(sorted(ENGINES)), shown(entry)))
+        try:
+            found.append((unit, gate_from(entry.get("ab_gate"), entry.get("port"), engine, request_seconds)))
+        except NumaError as exc:
+            raise NumaError("gates: %s: %s" % (unit, exc)) from None
+    return found
 
 
 def run(module: AnsibleModule) -> dict:
@@ -119,12 +185,17 @@ def run(module: AnsibleModule) -> dict:
     root = params["root"]
     targets, reasons = [], []
     if params["state"] == "present":
-        plans, reasons = device_irqs.plan_records(params["plan_dir"] or host_path(root, "/etc/inferops-numa"))
-        targets, why = irq_targets(read(root), plans)
-        reasons += why
+        targets, reasons = wanted(root, params["plan_dir"])
+    gated = gated_instances(params["gates"], params["request_seconds"]) if params["state"] == "present" else []
     plan = device_irqs.make_plan(root, targets, params["numa_pin"], reasons)
-    managed = device_irqs.apply(plan, run_command) if plan.changed and not module.check_mode else []
-    result = device_irqs.result(plan, module.check_mode, managed)
+    managed, verdicts, rolled_back = [], {}, False
+    if plan.changed and not module.check_mode:
+        running = [(unit, gate) for unit, gate in gated if root != "/" or is_active(unit)]
+        managed, verdicts, rolled_back = device_irqs.apply_gated(plan, running, run_command)
+    result = device_irqs.result(plan, module.check_mode, managed, verdicts, rolled_back)
+    if params["state"] == "absent" and device_irqs.forget_rejected(root, module.check_mode):
+        result["changed"] = True
+        result["msg"] += "; %s %s" % ("would remove" if module.check_mode else "removed", device_irqs.REJECTED_PATH)
     if module._diff and plan.changed:
         result["diff"] = device_irqs.diff(plan)
     return result

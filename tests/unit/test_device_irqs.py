@@ -1,6 +1,7 @@
 """numa_irqs: the servers' device interrupts on their nodes' spare CPUs, the table kept for boot and irqbalance, and
 what was there put back when a device no longer follows a plan."""
 
+import json
 import os
 
 import pytest
@@ -11,7 +12,10 @@ from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors imp
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import (IrqTarget, irq_targets,
                                                                                            parse_table, table_text)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import exposition, metrics
+from ansible_collections.inferops.numa.plugins.modules import numa_irqs
+from tests.fixtures import sysfs
 from tests.unit.topo_factory import dgx_switches, make_gpu, make_nic, make_node, make_topology
 
 NIC1, NIC0, GPU1 = "0000:81:00.0", "0000:41:00.0", "0000:82:00.0"
@@ -84,9 +88,10 @@ def test_targets_are_always_on_the_devices_node_and_off_busy_cpus_when_it_has_sp
 
 def test_the_table_reads_back_and_refuses_what_it_never_writes():
     targets = [IrqTarget(NIC1, "nic", 1, (6, 7), True), IrqTarget(GPU1, "gpu", 1, (4, 5, 6, 7), False)]
-    assert parse_table(table_text(targets, "numa_irqs")) == {NIC1: (6, 7), GPU1: (4, 5, 6, 7)}
+    assert parse_table(table_text(targets, "numa_irqs")) == targets
     assert table_text([], "numa_irqs") is None
-    for line in ("../../etc/passwd 1", "%s" % NIC1, "%s 1 2" % NIC1, "%s x" % NIC1):
+    for line in ("../../etc/passwd 1 nic 1 spare", "%s" % NIC1, "%s 1 nic x spare" % NIC1, "%s x nic 1 spare" % NIC1,
+                 "%s 1 disk 1 spare" % NIC1, "%s 1 nic 1 maybe" % NIC1, "%s 1 nic 1 spare extra" % NIC1):
         with pytest.raises(NumaError, match="line 1"):
             parse_table(line + "\n")
 
@@ -133,7 +138,7 @@ def test_a_device_follows_its_plan_is_kept_for_boot_and_banned_for_irqbalance(tm
     assert affinities(root, (45, 46, 47)) == ["0-7"] * 3  # planning writes nothing
     assert device_irqs.apply(planned, no_systemd) == []
     assert affinities(root, (45, 46, 47)) == ["6-7"] * 3
-    assert parse_table(read(root, device_irqs.TABLE_PATH)) == {NIC1: (6, 7)}
+    assert parse_table(read(root, device_irqs.TABLE_PATH)) == targets
     assert "ExecStart=/usr/local/bin/numa-pin irqs" in read(root, "/etc/systemd/system/" + device_irqs.BOOT_UNIT)
     assert "--policyscript=" + device_irqs.POLICY_PATH in read(
         root, "/etc/systemd/system/irqbalance.service.d/60-inferops-numa.conf")
@@ -220,3 +225,128 @@ def test_the_metrics_count_each_devices_interrupts_served_outside_its_cpus(tmp_p
     os.chmod(os.path.join(root, device_irqs.TABLE_PATH.lstrip("/")), 0o666)  # a table anyone could have written
     untrusted = metrics.collect(root, str(tmp_path / "no-plans"), no_systemd, topology=two_nodes())
     assert untrusted["host"]["device_irqs"] == [] and any("device-irqs.conf" in w for w in untrusted["warnings"])
+
+
+# ---------------------------------------------------------------- the A/B gate
+
+
+GATE = ab_gate.gate_from({"rounds": 3, "max_rounds": 3}, 8080, "llama.cpp")
+
+
+def measured(*sets):
+    """A rates function answering each measurement with the next set of rounds, and the calls it saw."""
+    answers = list(sets)
+
+    def rates(gate):
+        assert gate is GATE
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    return rates
+
+
+def test_a_change_the_gate_finds_no_slower_is_kept_with_its_verdict(tmp_path):
+    root = host(tmp_path)
+    planned = device_irqs.make_plan(root, [IrqTarget(NIC1, "nic", 1, (6, 7), True)], "/usr/bin/numa-pin")
+    managed, verdicts, rolled_back = device_irqs.apply_gated(planned, [("llama@1.service", GATE)], no_systemd,
+                                                             measured([10.0, 10.1, 9.9], [10.4, 10.5, 10.3]))
+    assert not rolled_back and verdicts["llama@1.service"]["kept"] and managed == []
+    assert affinities(root, (45, 46, 47)) == ["6-7"] * 3
+
+
+def test_a_change_the_gate_finds_slower_is_rolled_back_recorded_and_not_tried_again(tmp_path):
+    root = host(tmp_path, affinity="0-3")
+    first = [IrqTarget(NIC1, "nic", 1, (4, 5), True)]
+    device_irqs.apply(device_irqs.make_plan(root, first, "/usr/bin/numa-pin"), no_systemd)
+    moved = [IrqTarget(NIC1, "nic", 1, (6, 7), True)]
+    planned = device_irqs.make_plan(root, moved, "/usr/bin/numa-pin")
+    _managed, verdicts, rolled_back = device_irqs.apply_gated(planned, [("llama@1.service", GATE)], no_systemd,
+                                                              measured([10.0, 10.1, 9.9], [7.0, 7.1, 6.9]))
+    assert rolled_back and not verdicts["llama@1.service"]["kept"]
+    assert affinities(root, (45, 46, 47)) == ["4-5"] * 3 and device_irqs.read_table(root) == first
+    record = device_irqs.rejected(root)
+    assert parse_table(record["table"]) == moved and parse_table(record["previous"]) == first
+    assert "llama@1.service: 10.00 -> 7.00 tokens/s" in record["verdict"]
+    result = device_irqs.result(planned, False, [], verdicts, rolled_back)
+    assert result["rolled_back"] and result["msg"].startswith("rolled back, slower by the A/B gate: llama@1.service")
+    # Everything taken back (state absent): the rejected record goes too.
+    device_irqs.apply(device_irqs.make_plan(root, [], "/usr/bin/numa-pin"), no_systemd)
+    assert device_irqs.forget_rejected(root, check=True) and device_irqs.rejected(root) is not None
+    assert device_irqs.forget_rejected(root, check=False) and not device_irqs.forget_rejected(root, check=False)
+    assert device_irqs.rejected(root) is None and affinities(root, (45, 46, 47)) == ["0-3"] * 3
+
+
+def test_a_first_change_rolled_back_leaves_nothing_of_it(tmp_path):
+    root = host(tmp_path, affinity="1")
+    planned = device_irqs.make_plan(root, [IrqTarget(NIC1, "nic", 1, (6,), True)], "/usr/bin/numa-pin")
+    device_irqs.apply_gated(planned, [("llama@1.service", GATE)], no_systemd, measured([10.0] * 3, [5.0] * 3))
+    assert affinities(root, (45, 46, 47)) == ["1"] * 3
+    for path in list(device_irqs.support_texts("/usr/bin/numa-pin")) + [device_irqs.TABLE_PATH]:
+        assert read(root, path) is None, path
+    assert parse_table(device_irqs.rejected(root)["table"]) == list(planned.targets)
+
+
+def test_an_instance_that_cannot_be_measured_changes_nothing_before_and_takes_the_change_back_after(tmp_path):
+    root = host(tmp_path, affinity="1")
+    planned = device_irqs.make_plan(root, [IrqTarget(NIC1, "nic", 1, (6,), True)], "/usr/bin/numa-pin")
+    with pytest.raises(NumaError, match="cannot measure the tokens/s of llama@1.service before the change; nothing "
+                                        "was changed: refused"):
+        device_irqs.apply_gated(planned, [("llama@1.service", GATE)], no_systemd, measured(NumaError("refused")))
+    assert affinities(root, (45, 46, 47)) == ["1"] * 3 and read(root, device_irqs.TABLE_PATH) is None
+    with pytest.raises(NumaError, match="after the change: timed out; the interrupts were put back as they were"):
+        device_irqs.apply_gated(planned, [("llama@1.service", GATE)], no_systemd,
+                                measured([10.0] * 3, NumaError("timed out")))
+    assert affinities(root, (45, 46, 47)) == ["1"] * 3 and read(root, device_irqs.TABLE_PATH) is None
+
+
+def test_a_rejected_record_root_did_not_write_alone_is_refused(tmp_path):
+    root = host(tmp_path)
+    os.makedirs(os.path.join(root, "etc/inferops-numa"))
+    path = os.path.join(root, device_irqs.REJECTED_PATH.lstrip("/"))
+    write(root, device_irqs.REJECTED_PATH.lstrip("/"), '{"table": "x"}')
+    os.chmod(path, 0o600)
+    with pytest.raises(NumaError, match="is not the A/B gate's record numa_irqs writes; remove it"):
+        device_irqs.rejected(root)
+    os.chmod(path, 0o666)
+    with pytest.raises(NumaError, match="refusing to use .*device-irqs.rejected"):
+        device_irqs.rejected(root)
+
+
+# ---------------------------------------------------------------- the module's choice on a host
+
+
+def test_the_module_reads_the_hosts_plans_and_keeps_a_table_the_gate_rolled_back(tmp_path, trusted_dir):
+    root = sysfs.dual_socket_gpus().write(str(tmp_path / "machine"))
+    plans = os.path.join(trusted_dir, "plans")
+    os.mkdir(plans, 0o755)
+    record = {"policy": "bind", "mem_nodes": [1], "cpulist": "41-79", "cpus": list(range(41, 80)),
+              "gpus": ["0000:81:00.0"]}
+    with open(os.path.join(plans, "llama@0.plan.json"), "w") as handle:
+        json.dump(record, handle)
+    with open(os.path.join(plans, "broken@0.plan.json"), "w") as handle:
+        json.dump({"policy": "bind", "cpus": "all"}, handle)
+    targets, reasons = numa_irqs.wanted(root, plans)
+    spare = tuple([40] + list(range(120, 160)))  # node 1 less the instance's CPUs
+    assert [(target.address, target.cpus) for target in targets] == [("0000:41:00.0", spare),
+                                                                     ("0000:81:00.0", spare)]
+    assert len(reasons) == 1 and "broken@0.plan.json" in reasons[0]  # a record not as the role writes it is left out
+    os.makedirs(os.path.join(root, "etc/inferops-numa"))
+    write(root, device_irqs.REJECTED_PATH.lstrip("/"), json.dumps(
+        {"table": table_text(targets, device_irqs.OWNER), "previous": None, "verdict": "llama@0.service: slower"}))
+    os.chmod(os.path.join(root, device_irqs.REJECTED_PATH.lstrip("/")), 0o600)
+    kept, why = numa_irqs.wanted(root, plans)
+    assert kept == [] and "the A/B gate rolled back this table before (llama@0.service: slower)" in why[-1]
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"port": 8080}, "each entry needs a unit"),
+    ({"unit": "x@0.service", "engine": "ollama?", "port": 8080}, "each entry needs a unit and an engine of"),
+    ({"unit": "x@0.service", "engine": "llama.cpp"}, "x@0.service: ab_gate needs the instance's port"),
+    ({"unit": "x@0.service", "port": 8080, "ab_gate": {"rounds": 0}}, "x@0.service: ab_gate rounds: 0 is not"),
+])
+def test_a_gate_entry_the_gate_cannot_use_is_refused_before_any_change(entry, message):
+    with pytest.raises(NumaError, match=message):
+        numa_irqs.gated_instances([entry], 600.0)
+    assert numa_irqs.gated_instances([{"unit": "x@0.service", "port": 8080, "engine": "vllm", "record": "/x",
+                                       "ab_gate": {"rounds": 2}}], 60.0)[0][1].api == "openai"

@@ -23,6 +23,7 @@ fails with EIO) is left to the kernel and named.
 from __future__ import annotations
 
 import errno
+import json
 import os
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -31,6 +32,7 @@ from ..base.cpulist import format_cpulist, is_pci_address, parse_cpulist
 from ..base.errors import NumaError
 from ..decide.device_irqs import IrqTarget, parse_table, table_text
 from ..decide.records import PLAN_SUFFIX, REDEPLOY, plan_problem
+from ..measure import ab_gate
 from ..read.kernel_files import Root
 from ..read.systemctl import CommandRunner
 from ..system import trusted_files
@@ -39,6 +41,8 @@ from ..system.root_files import DROPIN_MODE, host_path, write_under
 OWNER = "numa_irqs"
 TABLE_PATH = "/etc/inferops-numa/device-irqs.conf"
 POLICY_PATH = "/etc/inferops-numa/irqbalance-policy"
+# The table the A/B gate rolled back, the one before it and why (``rejected``).
+REJECTED_PATH = "/etc/inferops-numa/device-irqs.rejected"
 BOOT_UNIT = "inferops-numa-irqs.service"
 IRQBALANCE_UNIT = "irqbalance.service"
 KNOB = knobs.Knob(OWNER, "/proc/irq", TABLE_PATH,
@@ -69,6 +73,8 @@ class IrqPlan(NamedTuple):
     leaving: Tuple[str, ...]  # devices the table lists now and the plans no longer do
     files: Tuple[SupportFile, ...]
     interrupts: Dict[str, Tuple[int, ...]]  # each device's MSI interrupts now
+    previous: Tuple[IrqTarget, ...]  # the table before: what a rollback writes again
+    numa_pin: str
 
     @property
     def changed(self) -> bool:
@@ -132,15 +138,46 @@ def default_affinity(root: str) -> str:
     return format_cpulist(cpu for cpu in range(value.bit_length()) if value >> cpu & 1)
 
 
-def read_table(root: str) -> Dict[str, Tuple[int, ...]]:
-    """The devices and CPUs the table lists now ({} without one); refused when it cannot be trusted."""
+def read_table(root: str) -> List[IrqTarget]:
+    """The devices the table lists now ([] without one); refused when it cannot be trusted."""
     text = knobs.read_trusted(root, KNOB)
     if text is None:
-        return {}
+        return []
     try:
         return parse_table(text)
     except NumaError as exc:
         raise NumaError("%s: %s; remove it, %s writes it again" % (host_path(root, TABLE_PATH), exc, OWNER)) from None
+
+
+def rejected(root: str) -> Optional[Dict[str, Any]]:
+    """The A/B gate's last rollback ({"table", "previous", "verdict"}: the table it rolled back, the one before and
+    why), None when there was none; refused when the record cannot be trusted."""
+    found = knobs.inspect_dropin(root, REJECTED_PATH)
+    if found.distrust is not None:
+        raise NumaError("refusing to use %s: %s; remove it (the next run measures the change again)"
+                        % (host_path(root, REJECTED_PATH), found.distrust))
+    if found.content is None:
+        return None
+    try:
+        record = json.loads(found.content)
+        parse_table(record["table"])
+        parse_table(record["previous"] or "")
+        if not isinstance(record["verdict"], str):
+            raise TypeError("verdict")
+    except (ValueError, KeyError, TypeError, AttributeError, NumaError):
+        raise NumaError("%s is not the A/B gate's record numa_irqs writes; remove it (the next run measures the "
+                        "change again)" % host_path(root, REJECTED_PATH)) from None
+    return record
+
+
+def forget_rejected(root: str, check: bool) -> bool:
+    """Delete the A/B gate's record of a rolled-back table (state absent: nothing is left of the module); whether
+    there was one."""
+    if knobs.inspect_dropin(root, REJECTED_PATH) == knobs.Dropin(None, None, False, None):
+        return False
+    if not check:
+        knobs.put_file(root, REJECTED_PATH, knobs.ABSENT, None, DROPIN_MODE)
+    return True
 
 
 # ---------------------------------------------------------------- planning
@@ -154,7 +191,7 @@ def make_plan(root: str, targets: Sequence[IrqTarget], numa_pin: str, reasons: S
                         "installed numa-pin (numa_host_helper_path)" % numa_pin)
     before = read_table(root)
     wanted = {target.address for target in targets}
-    leaving = tuple(sorted(set(before) - wanted))
+    leaving = tuple(sorted({target.address for target in before} - wanted))
     interrupts = {address: device_interrupts(root, address) for address in sorted(wanted | set(leaving))}
     originals, refused = knobs.read_originals(root, KNOB)
     if refused is not None:
@@ -174,7 +211,8 @@ def make_plan(root: str, targets: Sequence[IrqTarget], numa_pin: str, reasons: S
     found = knobs.inspect_dropin(root, TABLE_PATH)
     knob = knobs.KnobPlan(KNOB, root, tuple(settings), found.content, after, knobs.rewrite_reason(found)
                           if after is not None else found.distrust, why, [])
-    return IrqPlan(knob, tuple(targets), leaving, _support_files(root, bool(targets), numa_pin), interrupts)
+    return IrqPlan(knob, tuple(targets), leaving, _support_files(root, bool(targets), numa_pin), interrupts,
+                   tuple(before), numa_pin)
 
 
 def _name(address: str, irq: int) -> str:
@@ -316,16 +354,59 @@ def _systemctl(run: CommandRunner, argv: List[str], check: bool = True) -> int:
     return rc
 
 
+# ---------------------------------------------------------------- the A/B gate
+
+# What an instance's tokens/s are asked with: measure/ab_gate.measure, or a test's.
+Rates = Callable[[ab_gate.Gate], List[float]]
+
+
+def apply_gated(plan: IrqPlan, gated: Sequence[Tuple[str, ab_gate.Gate]], run: CommandRunner,
+                rates: Rates = ab_gate.measure) -> Tuple[List[str], Dict[str, Dict[str, Any]], bool]:
+    """``apply``, judged as a placement change is: each gated running instance's tokens/s before and after, and the
+    table before written again when one is slower beyond its noise, the rolled-back table recorded first (so a run
+    after a failed rollback finishes it, and none measures the same loss again). (managed interrupts, verdicts by
+    unit, whether it was rolled back); NumaError when an instance cannot be measured: before the change nothing is
+    changed, after it the change is taken back first."""
+    before = {unit: _measured(rates, gate, unit, "before the change; nothing was changed") for unit, gate in gated}
+    managed = apply(plan, run)
+    try:
+        after = {unit: _measured(rates, gate, unit, "after the change") for unit, gate in gated}
+    except NumaError as exc:
+        rollback(plan, run)
+        raise NumaError("%s; the interrupts were put back as they were" % exc) from None
+    verdicts = {unit: ab_gate.judge(before[unit], after[unit], gate.min_gain_percent, gate.max_noise_percent)
+                for unit, gate in gated}
+    slower = ["%s: %s" % (unit, verdict["msg"]) for unit, verdict in sorted(verdicts.items()) if not verdict["kept"]]
+    if slower:
+        record = {"table": table_text(plan.targets, OWNER) or "", "previous": table_text(plan.previous, OWNER),
+                  "verdict": "; ".join(slower)}
+        knobs.put_file(plan.knob.root, REJECTED_PATH, knobs.FILE, json.dumps(record, indent=1) + "\n", 0o600)
+        rollback(plan, run)
+    return managed, verdicts, bool(slower)
+
+
+def _measured(rates: Rates, gate: ab_gate.Gate, unit: str, when: str) -> List[float]:
+    try:
+        return rates(gate)
+    except NumaError as exc:
+        raise NumaError("cannot measure the tokens/s of %s %s: %s" % (unit, when, exc)) from None
+
+
+def rollback(plan: IrqPlan, run: CommandRunner) -> None:
+    """The table before ``plan`` written again, its devices' interrupts with it, the others' put back."""
+    apply(make_plan(plan.knob.root, plan.previous, plan.numa_pin), run)
+
+
 # ---------------------------------------------------------------- at boot
 
 
-def apply_table(root: str, table: Dict[str, Tuple[int, ...]]) -> Tuple[List[str], List[str]]:
+def apply_table(root: str, table: Sequence[IrqTarget]) -> Tuple[List[str], List[str]]:
     """``numa-pin irqs``: the table's CPUs (read_table) written to its devices' interrupts as numbered at this boot;
     (what was set, what was left to the kernel). NumaError for a write the kernel refused."""
     done, managed = [], []
-    for address, cpus in sorted(table.items()):
-        for irq in device_interrupts(root, address):
-            setting = _setting(root, address, irq, format_cpulist(cpus))
+    for target in table:
+        for irq in device_interrupts(root, target.address):
+            setting = _setting(root, target.address, irq, format_cpulist(target.cpus))
             if setting.before == setting.after or write_affinity(root, setting):
                 done.append("%s -> %s" % (setting.name, setting.after))
             else:
@@ -341,31 +422,38 @@ def served_elsewhere(root: str) -> List[Dict[str, Any]]:
     outside those (something moved them, or the kernel manages them); [] without a table. NumaError for a table
     that cannot be trusted."""
     found = []
-    for address, cpus in sorted(read_table(root).items()):
-        irqs = device_interrupts(root, address)
+    for target in read_table(root):
+        irqs = device_interrupts(root, target.address)
         outside = 0
         for irq in irqs:
             path = "/proc/irq/%d/smp_affinity_list" % irq
             try:
-                serving = set(parse_cpulist(knobs.read_value(root, _name(address, irq), path) or ""))
+                serving = set(parse_cpulist(knobs.read_value(root, _name(target.address, irq), path) or ""))
             except NumaError:
                 serving = set()
-            outside += not serving or not serving <= set(cpus)
-        found.append({"device": address, "cpus": format_cpulist(cpus), "interrupts": len(irqs), "outside": outside})
+            outside += not serving or not serving <= set(target.cpus)
+        found.append({"device": target.address, "cpus": format_cpulist(target.cpus), "interrupts": len(irqs),
+                      "outside": outside})
     return found
 
 
 # ---------------------------------------------------------------- reporting
 
 
-def result(plan: IrqPlan, check_mode: bool, managed: Sequence[str] = ()) -> Dict[str, Any]:
+def result(plan: IrqPlan, check_mode: bool, managed: Sequence[str] = (),
+           verdicts: Optional[Dict[str, Dict[str, Any]]] = None, rolled_back: bool = False) -> Dict[str, Any]:
     would = "would " if check_mode else ""
     changes = ["%s %s -> %s" % (s.name, s.before, s.after) for s in plan.knob.runtime_changes]
     if plan.knob.dropin_changed:
         changes.append(("write " if plan.knob.dropin_after is not None else "remove ") + TABLE_PATH)
     changes += [("write " if item.after is not None else "remove ") + item.path for item in plan.files if item.changed]
     what = "%sset %s" % (would, "; ".join(changes)) if changes else "device interrupts already as planned"
+    if rolled_back:
+        what = "rolled back, slower by the A/B gate: %s (recorded in %s: the same table is not tried again)" % (
+            "; ".join("%s %s" % (unit, verdict["msg"]) for unit, verdict in sorted((verdicts or {}).items())
+                      if not verdict["kept"]), REJECTED_PATH)
     return {"changed": plan.changed, "table": TABLE_PATH, "leaving": list(plan.leaving),
+            "ab_gate": verdicts or {}, "rolled_back": rolled_back,
             "devices": {target.address: {"kind": target.kind, "node": target.node,
                                          "cpus": format_cpulist(target.cpus), "spare": target.spare,
                                          "interrupts": list(plan.interrupts.get(target.address, ()))}

@@ -14,7 +14,7 @@ Pure: the facts and the plan records come in, the targets go out.
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
+from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple
 
 from ..base.cpulist import format_cpulist, is_pci_address, parse_cpulist
 from ..base.errors import NumaError
@@ -99,29 +99,35 @@ def _isolated(topology: Mapping[str, Any]) -> Set[int]:
 
 
 def table_text(targets: Sequence[IrqTarget], owner: str) -> Optional[str]:
-    """The persisted table: a line per device, ``<PCI address> <CPU list>`` (what the boot unit applies and the
-    irqbalance policy script bans), a comment saying which node and why; None for no device."""
+    """The persisted table: a line per device, ``<PCI address> <CPU list> <kind> <node> spare|shared`` (the boot unit
+    applies the first two, the irqbalance policy script bans the first); None for no device."""
     if not targets:
         return None
     lines = ["# Written by inferops.numa (%s): each device's interrupts are served on these CPUs, set again at boot;"
              % owner, "# irqbalance leaves them alone (its policy script bans the devices listed)."]
-    lines.extend("%s %s # %s on node %d%s" % (target.address, format_cpulist(target.cpus), target.kind, target.node,
-                                              "" if target.spare else ", shared with its servers")
-                 for target in targets)
+    lines.extend("%s %s %s %d %s" % (target.address, format_cpulist(target.cpus), target.kind, target.node,
+                                     "spare" if target.spare else "shared") for target in targets)
     return "\n".join(lines) + "\n"
 
 
-def parse_table(text: str) -> Dict[str, Tuple[int, ...]]:
-    """A table's devices and CPUs; NumaError naming the first line that is not one ``table_text`` writes."""
-    table = {}  # type: Dict[str, Tuple[int, ...]]
+_KINDS = {kind for _key, kind in DEVICE_KINDS}
+_SPARE = {"spare": True, "shared": False}
+
+
+def parse_table(text: str) -> List[IrqTarget]:
+    """A table's devices, as ``table_text`` wrote them; NumaError naming the first line that is not one it writes."""
+    targets = []
     for number, line in enumerate(text.splitlines(), 1):
         words = line.split("#", 1)[0].split()
         if not words:
             continue
-        if len(words) != 2 or not is_pci_address(words[0]):
-            raise NumaError("line %d is not '<PCI address> <CPU list>'" % number)
+        if (len(words) != 5 or not is_pci_address(words[0]) or words[2] not in _KINDS or not words[3].isdigit()
+                or words[4] not in _SPARE):
+            raise NumaError("line %d is not '<PCI address> <CPU list> <gpu|nic|nvme> <node> <spare|shared>'"
+                            % number)
         try:
-            table[words[0]] = tuple(parse_cpulist(words[1]))
+            cpus = tuple(parse_cpulist(words[1]))
         except NumaError as exc:
             raise NumaError("line %d: %s" % (number, exc)) from None
-    return table
+        targets.append(IrqTarget(words[0], words[2], int(words[3]), cpus, _SPARE[words[4]]))
+    return sorted(targets)
