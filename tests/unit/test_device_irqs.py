@@ -350,3 +350,12 @@ def test_a_gate_entry_the_gate_cannot_use_is_refused_before_any_change(entry, me
         numa_irqs.gated_instances([entry], 600.0)
     assert numa_irqs.gated_instances([{"unit": "x@0.service", "port": 8080, "engine": "vllm", "record": "/x",
                                        "ab_gate": {"rounds": 2}}], 60.0)[0][1].api == "openai"
+
+
+def test_a_garbage_default_affinity_is_one_line_naming_the_file_not_its_bytes(tmp_path):
+    root = host(tmp_path, default="\x1b[31mzz")
+    device_irqs.apply(device_irqs.make_plan(root, [IrqTarget(NIC1, "nic", 1, (6,), True)], "/usr/bin/numa-pin"),
+                      no_systemd)
+    with pytest.raises(NumaError, match=r"default_smp_affinity does not hold a CPU mask") as caught:
+        device_irqs.make_plan(root, [], "/usr/bin/numa-pin")
+    assert "zz" not in str(caught.value) and "\n" not in str(caught.value)

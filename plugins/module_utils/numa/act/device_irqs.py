@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tu
 
 from . import knobs
 from ..base.cpulist import format_cpulist, is_pci_address, parse_cpulist
-from ..base.errors import NumaError
+from ..base.errors import NumaError, shown
 from ..decide.device_irqs import IrqTarget, parse_table, table_text
 from ..decide.records import PLAN_SUFFIX, REDEPLOY, plan_problem
 from ..measure import ab_gate
@@ -133,8 +133,8 @@ def default_affinity(root: str) -> str:
     try:
         value = int(mask.replace(",", ""), 16)
     except ValueError:
-        raise NumaError("%s holds %r, not a CPU mask: check that /proc is mounted"
-                        % (host_path(root, DEFAULT_AFFINITY), mask[:40])) from None
+        raise NumaError("%s does not hold a CPU mask: check that /proc is the kernel's (procfs mounted there)"
+                        % host_path(root, DEFAULT_AFFINITY)) from None
     return format_cpulist(cpu for cpu in range(value.bit_length()) if value >> cpu & 1)
 
 
@@ -187,8 +187,8 @@ def make_plan(root: str, targets: Sequence[IrqTarget], numa_pin: str, reasons: S
     """What to write so the targets' interrupts are served on their CPUs, and the devices the table lists and
     ``targets`` do not get theirs back; no targets: everything put back and the files removed."""
     if not numa_pin.startswith("/") or any(char.isspace() or char in "\\\"'$%;" for char in numa_pin):
-        raise NumaError("numa_pin %r is not an absolute path without spaces or quotes: give where numa_host "
-                        "installed numa-pin (numa_host_helper_path)" % numa_pin)
+        raise NumaError("numa_pin %s is not an absolute path without spaces, quotes or systemd specifiers: give where "
+                        "numa_host installed numa-pin (numa_host_helper_path)" % shown(numa_pin))
     before = read_table(root)
     wanted = {target.address for target in targets}
     leaving = tuple(sorted({target.address for target in before} - wanted))
