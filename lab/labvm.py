@@ -484,7 +484,7 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
 
     numa=2: two 1 GiB nodes at SLIT distance 21, a display behind a pxb-pcie
     expander on each node (guest addresses 0000:41:00.0 on node 0, 0000:81:00.0 on
-    node 1), so a 2-GPU instance spans both nodes, and a virtio NIC on node 1 (0000:82:00.0). numa=1: no NUMA tables, both
+    node 1), so a 2-GPU instance spans both nodes, and a virtio NIC beside each (0000:42:00.0, 0000:82:00.0). numa=1: no NUMA tables, both
     displays on the root complex, so the guest reports their numa_node as -1.
     numa=5: SUB_NUMA_SHAPE, each socket split in two and a memory-only node, with HMAT.
     """
@@ -508,10 +508,14 @@ def qemu_argv(image: Path, state: Path, numa: int, port: int, accel: str = "tcg"
             "-device", "pxb-pcie,id=pxb0,bus_nr=64,numa_node=0,bus=pcie.0",
             "-device", "pcie-root-port,id=rp0,bus=pxb0,chassis=2",
             "-device", "bochs-display,bus=rp0",
+            # A NIC beside each "GPU" (as on a GPU board): no GPU's traffic to other hosts crosses the socket link.
+            "-device", "pcie-root-port,id=rp3,bus=pxb0,chassis=4",
+            "-netdev", "user,id=n2,restrict=on",
+            "-device", "virtio-net-pci,netdev=n2,bus=rp3",
             "-device", "pxb-pcie,id=pxb1,bus_nr=128,numa_node=1,bus=pcie.0",
             "-device", "pcie-root-port,id=rp1,bus=pxb1,chassis=1",
             "-device", "bochs-display,bus=rp1",
-            # A NIC on node 1 (0000:82:00.0, MSI-X): the device whose interrupts numa_irqs serves on its node.
+            # A NIC on node 1 (0000:82:00.0, MSI-X): the device whose interrupts test_lab.py has numa_irqs serve.
             "-device", "pcie-root-port,id=rp2,bus=pxb1,chassis=3",
             "-netdev", "user,id=n1,restrict=on",
             "-device", "virtio-net-pci,netdev=n1,bus=rp2",

@@ -377,14 +377,18 @@ def _gpu_host(tmp_path, nic=True):
 
 def test_a_gpu_with_no_nic_on_its_node_is_a_warning_not_a_problem(tmp_path):
     root = _gpu_host(tmp_path)
-    assert host.host_findings(root, [dict(SERVICE, layout="per_gpu", gpus=1)]) == ([], [
+    assert host.host_findings(root, [dict(SERVICE, layout="per_gpu", gpus=1, engine="vllm")]) == ([], [
         "service llama: llama@0.service: GPU(s) 0000:18:00.0 have no NIC on their node: their traffic to other "
         "hosts (NCCL, UCX) crosses the socket link; give the instance GPUs on a node with a NIC, or put one there"])
 
 
-@pytest.mark.parametrize("nic, entry", [(False, dict(SERVICE, layout="per_gpu", gpus=1)),  # no NIC on the host
-                                        (True, SERVICE)])  # no GPU asked for
-def test_no_nic_warning_without_nics_on_the_host_or_gpus_in_the_request(tmp_path, nic, entry):
+@pytest.mark.parametrize("nic, entry", [
+    (False, dict(SERVICE, layout="per_gpu", gpus=1, engine="vllm")),  # no NIC on the host
+    (True, dict(SERVICE, engine="vllm")),  # no GPU asked for
+    (True, dict(SERVICE, layout="per_gpu", gpus=1)),  # an engine that talks to no other host (told no NIC)
+])
+def test_no_nic_warning_without_nics_on_the_host_gpus_in_the_request_or_an_engine_that_uses_them(tmp_path, nic,
+                                                                                                 entry):
     assert host.host_findings(_gpu_host(tmp_path, nic), [entry]) == ([], [])
 
 

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .placement import plan_instances
 from ..base.cpulist import format_cpulist
+from ..base.engines import ENGINES
 from ..base.errors import NumaError
 from ..inputs.request import build_request
 from ..inputs.service_entry import service_requests
@@ -35,8 +36,9 @@ def _planned(name: str, index: int, result: Any) -> Dict[str, Any]:
             "nodes": format_cpulist(placement["mem_nodes"]), "cpulist": placement["cpulist"],
             "threads": placement["threads"], "gpus": placement["gpus"], "port": placement["port"],
             # The map lists each GPU's NICs on its worker's node; a GPU with none talks to other hosts across the
-            # socket link (the preflight warns).
-            "gpus_without_nic": [gpu["gpu"] for gpu in placement["gpu_map"] if not gpu["nics"]]}
+            # socket link (the preflight warns), where its engine talks to other hosts at all: those told the NICs.
+            "gpus_without_nic": [gpu["gpu"] for gpu in placement["gpu_map"] if not gpu["nics"]]
+            if ENGINES[placement["engine"]["engine"]].nccl else []}
 
 
 def _unplanned(name: str, why: str, index: Optional[int] = None) -> Dict[str, Any]:
