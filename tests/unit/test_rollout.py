@@ -602,6 +602,17 @@ def test_a_unit_at_its_start_limit_is_reset_before_each_start():
     assert systemd.calls == [["reset-failed", "a@0.service"], ["restart", "a@0.service"]]
 
 
+def test_a_refused_start_says_the_units_journal_not_only_systemds_pointer_to_it():
+    """A rollback's restart refused (numa-pin exec exiting 2, say) names the cause: the unit's last lines."""
+    systemd = FakeSystemd(boots=lambda unit: "failed")
+    systemd.journal["a@0.service"] = ["numa-pin: model 900 MiB does not fit node 0 (812 MiB free)"]
+    refused = systemd.host().start("restart", "a@0.service")
+    assert refused == ("systemctl restart -- a@0.service failed (rc 1): Job for a@0.service failed because the "
+                       "control process exited with error code.; its journal: numa-pin: model 900 MiB does not fit "
+                       "node 0 (812 MiB free)")
+    assert systemd.host().start("restart", "b@0.service").endswith("error code.")  # nothing logged: systemd's alone
+
+
 def test_a_crash_loop_that_hit_the_start_limit_before_the_first_look_is_still_a_crash_loop():
     """A server that dies at once can be restarted into systemd's start limit before the rollout looks: the unit
     is "failed", and what it was is said, not only that it failed."""

@@ -141,12 +141,15 @@ class Host:
 
     def start(self, action: str, unit: str) -> Optional[str]:
         """``systemctl start|restart`` the unit, after ``reset-failed``: a unit that hit its start limit in a
-        crash loop refuses every start until then ("start request repeated too quickly")."""
+        crash loop refuses every start until then ("start request repeated too quickly"). A refused start says the
+        last lines of the unit's journal: systemd's own answer only points there."""
         self.started[unit] = self.wall()
         if action == "start":  # it was not running, so no load balancer sends it anything until its undrain
             self.out.add(unit)
         self.systemctl("reset-failed", unit)  # its own failure (a unit not loaded yet) is the start's to say
-        return self.systemctl(action, unit)
+        refused = self.systemctl(action, unit)
+        said = self.journal(unit) if refused else ""
+        return "%s; its journal: %s" % (refused, said) if said else refused
 
     def drain(self, instance: Instance) -> Optional[str]:
         """Take a serving instance out of traffic before it is stopped or restarted: its drain command, then the
