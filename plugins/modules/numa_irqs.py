@@ -128,8 +128,8 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import device_irqs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import (irq_targets, parse_table,
-                                                                                           table_text)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import irq_targets, parse_table
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import table_text
 from ansible_collections.inferops.numa.plugins.module_utils.numa.measure.ab_gate import REQUEST_SECONDS, Gate, gate_from
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.systemctl import run_command
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
