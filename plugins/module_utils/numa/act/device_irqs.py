@@ -321,7 +321,12 @@ def _tell_systemd(plan: IrqPlan, run: CommandRunner) -> None:
         check_irqbalance(run)
 
 
-def check_irqbalance(run: CommandRunner, read: Callable[[str], bytes] = lambda path: open(path, "rb").read()) -> None:
+def _read_bytes(path: str) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read()
+
+
+def check_irqbalance(run: CommandRunner, read: Callable[[str], bytes] = _read_bytes) -> None:
     """Fail when the running irqbalance was not started with the policy script: it would move ours back."""
     rc, out, _err = run(["systemctl", "show", "--property=MainPID", "--value", "--", IRQBALANCE_UNIT])
     pid = out.strip()
