@@ -18,6 +18,9 @@ description:
     C(inferops.numa.inference_service) role writes) and fails, with the numbers, when a service with a C(bind)
     plan has less than O(min_local_percent) of its memory on the plan's nodes (or no resident memory at all),
     or when a thread may run on a CPU outside the plan's CPUs.
+  - With a plan, and a table of device interrupts M(inferops.numa.numa_irqs) keeps, it also fails when an
+    interrupt of one of the instance's devices (its GPUs, the NICs and NVMe drives on its nodes) is served outside
+    the CPUs the table gives it: irqbalance without the collection's policy script, or another tuner, moved it.
   - Never passes with nothing audited, plan or not; a process in O(pids) that has no memory of its own (a
     kernel thread, or a zombie that has exited) fails the audit with that reason. Such a process in a unit's
     cgroup is left out with a warning, and a unit with no other process fails.
@@ -204,6 +207,15 @@ table:
   elements: str
   sample: ["instance  node(s)  cpus  policy  threads  local pages  model pages local  port  tokens/s",
            "llama@0   0        0-1   bind    2        100.00 %     99.87 %            8080  13.7"]
+device_irqs:
+  description:
+    - With a plan and the table M(inferops.numa.numa_irqs) keeps, the instance's devices the table lists (C(kind)
+      gpu, nic or nvme), each with the CPUs its interrupts are served on by the table, how many MSI interrupts it
+      has and how many of them are served outside those CPUs (each such one fails the audit).
+  returned: with a plan, when the table lists a device
+  type: list
+  elements: dict
+  sample: [{"device": "0000:81:00.0", "kind": "nic", "cpus": "23", "interrupts": 9, "outside": 0}]
 processes:
   description: One entry per audited process.
   returned: with O(unit) or O(pids)
@@ -359,6 +371,7 @@ from typing import Optional
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act.device_irqs import audit_interrupts
 from ansible_collections.inferops.numa.plugins.module_utils.numa.inputs import judging
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.audit import (
     UnitAudit, audit_pids, audit_unit, audit_units, load_plan)
@@ -422,8 +435,9 @@ def _report_units(module: AnsibleModule, audits: list, reports: dict, names: lis
                               run=_run(module))
     except NumaError as exc:
         module.fail_json(msg=str(exc))
+    plans = {audit.unit: audit.plan for audit in audits}
     for report in audited:
-        reports[report["unit"]] = report
+        reports[report["unit"]] = audit_interrupts(report, params["root"], plans.get(report["unit"]))
     ordered = [reports[name] for name in names]
     for report in ordered:
         for warning in report.pop("warnings", []):
@@ -476,6 +490,7 @@ def main() -> None:
                                 params["wait_seconds"], params["settle_seconds"], run=_run(module))
         else:
             report = audit_pids(params["root"], params["pids"], plan, params["min_local_percent"], params["pages"])
+        report = audit_interrupts(report, params["root"], plan)
     except NumaError as exc:
         module.fail_json(msg=str(exc))
     for warning in report.pop("warnings", []):

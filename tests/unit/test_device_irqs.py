@@ -9,13 +9,15 @@ from hypothesis import given, settings, strategies as st
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import device_irqs, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import (IrqTarget, irq_targets,
-                                                                                           parse_table, table_text)
+from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import (
+    IrqTarget, instance_targets, irq_targets, parse_table, table_text)
 from ansible_collections.inferops.numa.plugins.module_utils.numa.cli import numa_pin
 from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.watch import exposition, metrics
-from ansible_collections.inferops.numa.plugins.modules import numa_irqs
+from ansible_collections.inferops.numa.plugins.modules import numa_audit, numa_irqs
+from tests.ansible_compat import patch_module_args
 from tests.fixtures import sysfs
+from tests.unit.test_audit import write_process
 from tests.unit.topo_factory import dgx_switches, make_gpu, make_nic, make_node, make_topology
 
 NIC1, NIC0, GPU1 = "0000:81:00.0", "0000:41:00.0", "0000:82:00.0"
@@ -225,6 +227,83 @@ def test_the_metrics_count_each_devices_interrupts_served_outside_its_cpus(tmp_p
     os.chmod(os.path.join(root, device_irqs.TABLE_PATH.lstrip("/")), 0o666)  # a table anyone could have written
     untrusted = metrics.collect(root, str(tmp_path / "no-plans"), no_systemd, topology=two_nodes())
     assert untrusted["host"]["device_irqs"] == [] and any("device-irqs.conf" in w for w in untrusted["warnings"])
+
+
+# ---------------------------------------------------------------- the audit
+
+NIC1_IRQS, NIC0_IRQS, GPU1_IRQS = (45, 46, 47), (30, 31), (50, 51)
+ON_NODE_1 = [IrqTarget(NIC0, "nic", 0, (2, 3), True), IrqTarget(NIC1, "nic", 1, (6, 7), True),
+             IrqTarget(GPU1, "gpu", 1, (6, 7), True)]
+
+
+def test_an_instance_owns_its_gpus_and_the_nics_and_drives_of_its_nodes():
+    assert instance_targets(ON_NODE_1, {"cpu_nodes": [1], "gpus": [GPU1]}) == ON_NODE_1[1:]
+    assert instance_targets(ON_NODE_1, {"cpu_nodes": [1], "gpus": []}) == ON_NODE_1[1:2]  # another's GPU
+    assert instance_targets(ON_NODE_1, {"cpu_nodes": [0, 1], "gpu_map": [{"gpu": GPU1}]}) == ON_NODE_1
+    assert instance_targets(ON_NODE_1, {"cpu_nodes": "1", "gpus": [GPU1]}) == ON_NODE_1[2:]  # not a record's nodes
+
+
+def applied_host(tmp_path):
+    root = host(tmp_path, devices=((NIC1, NIC1_IRQS), (NIC0, NIC0_IRQS), (GPU1, GPU1_IRQS)))
+    device_irqs.apply(device_irqs.make_plan(root, ON_NODE_1, "/usr/bin/numa-pin"), no_systemd)
+    return root
+
+
+def passed(unit="llama@1.service"):
+    return {"ok": True, "msg": "%s: PID(s) 4242: 1.0 GiB resident" % unit, "processes": [{"pid": 4242}],
+            "warnings": []}
+
+
+def test_the_audit_fails_an_instance_whose_device_interrupt_was_moved_off_its_cpus(tmp_path):
+    root = applied_host(tmp_path)
+    mine = {"policy": "bind", "cpu_nodes": [1], "gpus": [GPU1]}
+    audited = device_irqs.audit_interrupts(passed(), root, mine)
+    assert audited["ok"] and audited["device_irqs"] == [
+        {"device": NIC1, "kind": "nic", "cpus": "6-7", "interrupts": 3, "outside": 0},
+        {"device": GPU1, "kind": "gpu", "cpus": "6-7", "interrupts": 2, "outside": 0}]
+    write(root, "proc/irq/46/smp_affinity_list", "0-7\n")  # irqbalance without the script, say
+    write(root, "proc/irq/30/smp_affinity_list", "4\n")  # node 0's NIC: the node-1 instance's audit ignores it
+    audited = device_irqs.audit_interrupts(passed(), root, mine)
+    assert not audited["ok"] and [entry["outside"] for entry in audited["device_irqs"]] == [1, 0]
+    assert audited["msg"].startswith("llama@1.service: PID(s) 4242: 1.0 GiB resident. FAILED: nic %s: interrupt(s) "
+                                     "46 served on CPUs 0-7, not its 6-7 in %s; something moved them back"
+                                     % (NIC1, device_irqs.TABLE_PATH)), audited["msg"]
+    already = dict(passed(), ok=False, msg="llama@1.service: ... FAILED: 12.00% local")
+    assert device_irqs.audit_interrupts(already, root, mine)["msg"].startswith(
+        "llama@1.service: ... FAILED: 12.00%% local; nic %s: interrupt(s) 46" % NIC1)
+
+
+def test_the_audit_leaves_the_interrupts_alone_without_a_plan_or_a_table_and_warns_on_one_it_cannot_trust(tmp_path):
+    root = applied_host(tmp_path)
+    write(root, "proc/irq/46/smp_affinity_list", "0-7\n")
+    assert device_irqs.audit_interrupts(passed(), root, None) == passed()
+    failed_early = {"unit": "llama@1.service", "ok": False, "msg": "not running", "warnings": []}
+    assert device_irqs.audit_interrupts(dict(failed_early), root, {"cpu_nodes": [1]}) == failed_early
+    bare = host(tmp_path / "bare", devices=((NIC1, NIC1_IRQS),))
+    assert device_irqs.audit_interrupts(passed(), bare, {"cpu_nodes": [1]}) == passed()
+    assert device_irqs.audit_interrupts(passed(), root, {"cpu_nodes": []}) == dict(passed(), device_irqs=[])
+    os.chmod(os.path.join(root, device_irqs.TABLE_PATH.lstrip("/")), 0o666)
+    untrusted = device_irqs.audit_interrupts(passed(), root, {"cpu_nodes": [1]})
+    assert untrusted["ok"] and "device_irqs" not in untrusted
+    assert any("device interrupts not audited" in w and "device-irqs.conf" in w for w in untrusted["warnings"])
+
+
+def test_the_audit_module_fails_a_placed_process_whose_nic_interrupt_moved(tmp_path, capsys):
+    root = applied_host(tmp_path)
+    write_process(root, 4242, "7f3a10000000 bind:1 anon=65536 dirty=65536 N1=65536 kernelpagesize_kB=4\n",
+                  [(4242, "6-7", 6)])
+    mine = {"policy": "bind", "node": 1, "mem_nodes": [1], "cpu_nodes": [1], "cpus": [6, 7], "gpus": []}
+
+    def audit():
+        with patch_module_args({"pids": [4242], "plan": mine, "root": root}):
+            with pytest.raises(SystemExit):
+                numa_audit.main()
+        return json.loads(capsys.readouterr().out)
+    assert audit()["ok"] is True
+    write(root, "proc/irq/47/smp_affinity_list", "2\n")
+    result = audit()
+    assert result["failed"] and result["device_irqs"][0]["outside"] == 1
+    assert "interrupt(s) 47 served on CPUs 2, not its 6-7" in result["msg"]
 
 
 # ---------------------------------------------------------------- the A/B gate

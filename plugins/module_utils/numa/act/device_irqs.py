@@ -25,12 +25,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from . import knobs
 from ..base.cpulist import format_cpulist, is_pci_address, parse_cpulist
 from ..base.errors import NumaError, shown
-from ..decide.device_irqs import IrqTarget, parse_table, table_text
+from ..decide.device_irqs import IrqTarget, instance_targets, parse_table, table_text
 from ..decide.records import PLAN_SUFFIX, REDEPLOY, plan_problem
 from ..measure import ab_gate
 from ..read.kernel_files import Root
@@ -428,18 +428,59 @@ def served_elsewhere(root: str) -> List[Dict[str, Any]]:
     that cannot be trusted."""
     found = []
     for target in read_table(root):
-        irqs = device_interrupts(root, target.address)
-        outside = 0
-        for irq in irqs:
-            path = "/proc/irq/%d/smp_affinity_list" % irq
-            try:
-                serving = set(parse_cpulist(knobs.read_value(root, _name(target.address, irq), path) or ""))
-            except NumaError:
-                serving = set()
-            outside += not serving or not serving <= set(target.cpus)
+        irqs, outside = _serving(root, target)
         found.append({"device": target.address, "cpus": format_cpulist(target.cpus), "interrupts": len(irqs),
-                      "outside": outside})
+                      "outside": len(outside)})
     return found
+
+
+def _serving(root: str, target: IrqTarget) -> Tuple[Tuple[int, ...], Dict[int, str]]:
+    """The device's interrupts now, and those the kernel lets run outside its CPUs with their affinity, a CPU list
+    ("" when it cannot be read as one)."""
+    irqs = device_interrupts(root, target.address)
+    outside = {}
+    for irq in irqs:
+        try:
+            serving = knobs.read_value(root, _name(target.address, irq), "/proc/irq/%d/smp_affinity_list" % irq) or ""
+            cpus = set(parse_cpulist(serving))
+        except NumaError:
+            serving, cpus = "", set()
+        if not cpus or not cpus <= set(target.cpus):
+            outside[irq] = serving
+    return irqs, outside
+
+
+def audit_interrupts(report: Dict[str, Any], root: str, plan: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """An instance's audit report with its devices' interrupts held to the table numa_irqs keeps (decide/device_irqs:
+    its GPUs, the NICs and NVMe drives on its nodes): ``device_irqs``, each listed device with how many of its
+    interrupts are served outside its CPUs, and a failure naming each such interrupt. Unchanged without a plan, a
+    table that lists a device, or processes audited; a table that cannot be trusted is a warning, not the
+    instance's failure."""
+    if not plan or "processes" not in report:
+        return report
+    try:
+        table = read_table(root)
+    except NumaError as exc:
+        report.setdefault("warnings", []).append("device interrupts not audited: %s" % exc)
+        return report
+    if not table:
+        return report
+    entries, problems = [], []
+    for target in instance_targets(table, plan):
+        irqs, outside = _serving(root, target)
+        cpus = format_cpulist(target.cpus)
+        entries.append({"device": target.address, "kind": target.kind, "cpus": cpus, "interrupts": len(irqs),
+                        "outside": len(outside)})
+        if outside:
+            problems.append("%s %s: interrupt(s) %s served on CPUs %s, not its %s in %s; %s, then run numa_irqs "
+                            "again" % (target.kind, target.address, ", ".join(map(str, outside)),
+                                       " / ".join(sorted(set(where or "?" for where in outside.values()))),
+                                       cpus, TABLE_PATH, KNOB.rewritten_by))
+    report["device_irqs"] = entries
+    if problems:
+        report["msg"] += (". FAILED: " if report["ok"] else "; ") + "; ".join(problems)
+        report["ok"] = False
+    return report
 
 
 # ---------------------------------------------------------------- reporting

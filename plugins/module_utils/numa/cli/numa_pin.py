@@ -400,11 +400,12 @@ def run_exec(args: Args, server_argv: List[str]) -> int:
 
 
 def run_audit(args: argparse.Namespace, _server_argv: List[str]) -> int:
+    from ..act.device_irqs import audit_interrupts
     from ..read.audit import audit_service, load_plan
 
     plan = load_plan(args.plan_file) if args.plan_file else None
-    report = audit_service(args.pid, args.unit, plan, args.min_local_percent, args.pages,
-                           wait_seconds=args.wait_seconds)
+    report = audit_interrupts(audit_service(args.pid, args.unit, plan, args.min_local_percent, args.pages,
+                                            wait_seconds=args.wait_seconds), "/", plan)
     _print_json(report)
     return 0 if report.get("ok") else EXIT_AUDIT_FAILED
 

@@ -65,6 +65,17 @@ def irq_targets(topology: Mapping[str, Any], plans: Sequence[Mapping[str, Any]])
     return targets, reasons
 
 
+def instance_targets(table: Sequence[IrqTarget], plan: Mapping[str, Any]) -> List[IrqTarget]:
+    """The devices of ``table`` that are one instance's (its GPUs; the NICs and NVMe drives on the nodes its CPUs
+    are on, the record's ``cpu_nodes``): what its audit holds to the table."""
+    gpus = set(_plan_gpus(plan))
+    nodes = plan.get("cpu_nodes")
+    cpu_nodes = set(nodes) if isinstance(nodes, list) and all(
+        isinstance(node, int) and not isinstance(node, bool) for node in nodes) else set()  # type: Set[int]
+    return [target for target in table
+            if (target.address in gpus if target.kind == "gpu" else target.node in cpu_nodes)]
+
+
 def _plan_cpus(plan: Mapping[str, Any]) -> Set[int]:
     cpus = plan.get("cpus")
     if isinstance(cpus, list) and all(isinstance(cpu, int) and not isinstance(cpu, bool) for cpu in cpus):
