@@ -20,7 +20,7 @@ description:
     or when a thread may run on a CPU outside the plan's CPUs.
   - With a plan, and a table of device interrupts M(inferops.numa.numa_irqs) keeps, it also fails when an
     interrupt of one of the instance's devices (its GPUs, the NICs and NVMe drives on its nodes) is served outside
-    the CPUs the table gives it: irqbalance without the collection's policy script, or another tuner, moved it.
+    the CPUs the table gives it (irqbalance without the collection's policy script, or another tuner, moved it).
   - Never passes with nothing audited, plan or not; a process in O(pids) that has no memory of its own (a
     kernel thread, or a zombie that has exited) fails the audit with that reason. Such a process in a unit's
     cgroup is left out with a warning, and a unit with no other process fails.

@@ -117,8 +117,13 @@ def test_cpuset_without_the_node_is_a_clear_error(host):
     assert "numa-pin:" in journal and "node 1" in journal, journal
 
 
-# The NIC on node 1 (lab/labvm.py qemu_argv): every CPU of the node runs a server, so its interrupts get the node's.
+# The NIC on node 1 (lab/labvm.py qemu_argv). Every lab server uses all of its node's CPUs, so the module is given a
+# plan directory of its own: one instance on node 1's second CPU, which leaves the first spare for the interrupts.
 IRQ_NODE = 1
+IRQ_PLAN_DIR = "/var/lib/inferops-numa-lab/irq-plans"
+IRQ_PLAN = {"policy": "bind", "node": IRQ_NODE, "mem_nodes": [IRQ_NODE], "cpu_nodes": [IRQ_NODE], "cpus": [3],
+            "cpulist": "3", "gpus": []}
+IRQ_SPARE = "2"  # node 1's CPUs 2-3 less the plan's
 IRQBALANCE_INTERVAL_S = 10  # irqbalance rebalances this often
 _IRQS_BEFORE = {}  # interrupt -> its affinity before numa_irqs, as irqbalance placed it
 
@@ -166,14 +171,26 @@ def test_device_interrupts_are_served_on_their_node_and_irqbalance_leaves_them(h
     llama = service_entry("llama")
     gate = {"unit": "llama@1.service", "port": llama["port_base"] + 1, "engine": llama["engine"],
             "ab_gate": dict(GATE, min_gain_percent=-99.0)}
-    result = numa_irqs(state="present", gates=[gate])
+    assert host.run("install -d -m 0700 %s && printf '%%s' %s > %s/irq-probe@1.plan.json" % (
+        IRQ_PLAN_DIR, shlex.quote(json.dumps(IRQ_PLAN)), IRQ_PLAN_DIR)).rc == 0
+    result = numa_irqs(state="present", plan_dir=IRQ_PLAN_DIR, gates=[gate])
     assert result["ab_gate"]["llama@1.service"]["kept"] and not result["rolled_back"], result["ab_gate"]
-    cpus = node_cpus(host, IRQ_NODE)
-    assert [affinity(host, irq) for irq in irqs] == [cpus] * len(irqs)
+    nic = irq_nic(host)
+    assert result["devices"][nic]["spare"] and result["devices"][nic]["cpus"] == IRQ_SPARE, result["devices"]
+    assert [affinity(host, irq) for irq in irqs] == [IRQ_SPARE] * len(irqs)
     pid = host.check_output("systemctl show --property=MainPID --value irqbalance.service")
     assert "--policyscript=/etc/inferops-numa/irqbalance-policy" in host.file("/proc/%s/cmdline" % pid).content_string
     time.sleep(IRQBALANCE_INTERVAL_S + 2)  # a rebalance later, still where the plan put them
-    assert [affinity(host, irq) for irq in irqs] == [cpus] * len(irqs)
+    assert [affinity(host, irq) for irq in irqs] == [IRQ_SPARE] * len(irqs)
+    # The audit of the instance on that node holds its node's NIC to the table, and fails it once one is moved.
+    audit = "%s audit --unit llama@1.service --plan-file /etc/inferops-numa/llama@1.plan.json --pages anon" % NUMA_PIN
+    report = json.loads(host.run(audit).stdout)
+    assert {"device": nic, "kind": "nic", "cpus": IRQ_SPARE, "interrupts": len(irqs), "outside": 0} in report[
+        "device_irqs"] and report["ok"], report
+    assert host.run("echo 3 > /proc/irq/%d/smp_affinity_list" % irqs[-1]).rc == 0
+    moved = host.run(audit)
+    assert moved.rc != 0 and "interrupt(s) %d served on CPUs 3" % irqs[-1] in moved.stdout, moved.stdout
+    assert host.run("echo %s > /proc/irq/%d/smp_affinity_list" % (IRQ_SPARE, irqs[-1])).rc == 0
 
 
 def test_after_reboot_balancing_stays_off_and_services_return(host):
@@ -196,7 +213,7 @@ def test_after_reboot_device_interrupts_are_served_on_their_node_again(host):
     assert host.check_output("systemctl show --property=Result --value %s" % unit) == "success"
     assert host.service("irqbalance").is_running
     irqs = nic_interrupts(host)
-    assert [affinity(host, irq) for irq in irqs] == [node_cpus(host, IRQ_NODE)] * len(irqs), host.run(
+    assert [affinity(host, irq) for irq in irqs] == [IRQ_SPARE] * len(irqs), host.run(
         "journalctl -b -u %s --no-pager -o cat" % unit).stdout
 
 
@@ -205,10 +222,11 @@ def test_device_interrupts_come_back_when_the_setting_is_removed(host):
     result = numa_irqs(state="absent")
     # Each interrupt's recorded affinity written back (and read back by the module) once irqbalance had restarted
     # without the ban; from then on irqbalance balances them as it did before.
-    nic, cpus = irq_nic(host), node_cpus(host, IRQ_NODE)
+    nic = irq_nic(host)
     for irq, before in sorted(_IRQS_BEFORE.items()):
-        assert "%s irq%d %s -> %s" % (nic, irq, cpus, before) in result["msg"], result["msg"]
-    assert nic in result["leaving"]  # with the node-0 NIC and the display devices, which follow the plans too
+        if before != IRQ_SPARE:  # one irqbalance had put there already was never changed
+            assert "%s irq%d %s -> %s" % (nic, irq, IRQ_SPARE, before) in result["msg"], result["msg"]
+    assert result["leaving"] == [nic]
     for path in ("/etc/inferops-numa/device-irqs.conf", "/etc/inferops-numa/irqbalance-policy",
                  "/etc/systemd/system/inferops-numa-irqs.service",
                  "/etc/systemd/system/irqbalance.service.d/60-inferops-numa.conf"):
