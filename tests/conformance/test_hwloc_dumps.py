@@ -151,8 +151,8 @@ def rdma_devices(root):
 @pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
 def test_dump_rdma_ports_are_the_raw_port_directories(dump_roots, name):
     """Each RDMA device's ports as the reader reads them are its ports/ directory, read here with os.listdir and
-    plain text. The devices of these dumps are InfiniBand HCAs of PCI class 0x0c06 (serial bus), which the facts do
-    not list as NICs, so the reader's port function is asked directly."""
+    plain text; and the facts list each as a NIC with those ports (whatever its PCI class: these dumps' are 0x0280
+    and 0x0c06)."""
     root = dump_roots[name]
     for base, rdma_name in rdma_devices(root):
         ports = os.path.join(root, base, "infiniband", rdma_name, "ports")
@@ -162,6 +162,9 @@ def test_dump_rdma_ports_are_the_raw_port_directories(dump_roots, name):
              "link_layer": raw(ports, "%d/link_layer" % number)}
             for number in sorted(int(entry) for entry in os.listdir(ports))], base
         assert reader.warnings == []
+        address = base.rsplit("/", 1)[1]
+        assert [(nic["rdma_name"], nic["rdma_ports"]) for nic in read(root)["nics"] if nic["address"] == address] == [
+            (rdma_name, topology._rdma_ports(reader, base, rdma_name))], address
 
 
 def test_the_dumps_rdma_ports_are_there_to_check(dump_roots):
@@ -329,10 +332,12 @@ def test_gpu_plans_map_every_gpu_and_cover_the_nodes_they_span(dump_roots, name)
             assert any("span nodes" in reason for reason in result.reasons)
 
 
-NIC_OR_NVME = (0x0200, 0x0207, 0x0108)  # the facts' NIC classes and NVMe (0x010802's upper bytes)
+NIC_OR_NVME = (0x0200, 0x0207, 0x0208, 0x0108)  # the facts' NIC classes and NVMe (0x010802's upper bytes)
 # The dumps with NICs or NVMe drives on a node of known CPUs, and how many: two NICs and an NVMe drive on node 0 of
-# the dual Xeon with DAX and NVMe; four NICs of the 2-socket Xeon with eight vector engines.
-CHECKED_DEVICE_COUNTS = {"32em64t-2n8c+dax+nvme+mic+dimms": 3, "32intel64-2p8co2t+8ve": 4}
+# the dual Xeon with DAX and NVMe and its ConnectX-3 HCA on node 1; four NICs of the 2-socket Xeon with eight vector
+# engines; the QLogic HCA of the 4-node Xeon (its node read from its local CPUs).
+CHECKED_DEVICE_COUNTS = {"32em64t-2n8c+dax+nvme+mic+dimms": 4, "32intel64-2p8co2t+8ve": 4,
+                         "40intel64-2g2n4c+pcilocality": 1}
 
 
 def raw_device_node(root, address):
@@ -365,7 +370,9 @@ def raw_and_planned_targets(root):
     expected = {}
     for address in sorted(os.listdir(pci_dir)) if os.path.isdir(pci_dir) else []:
         device_class = int(raw(root, "sys/bus/pci/devices/%s/class" % address) or "0", 16)
-        if device_class >> 8 not in NIC_OR_NVME or (device_class >> 8 == 0x0108 and device_class & 0xff != 2):
+        rdma = os.path.isdir(os.path.join(pci_dir, address, "infiniband"))  # a NIC whatever its class
+        listed = device_class >> 8 in NIC_OR_NVME and (device_class >> 8 != 0x0108 or device_class & 0xff == 2)
+        if not (rdma or listed):
             continue
         node = raw_device_node(root, address)
         node_cpus = ids_of(raw(root, "sys/devices/system/node/node%d/cpulist" % node)) & online if node >= 0 else set()

@@ -380,6 +380,16 @@ def test_an_rdma_devices_ports_with_their_state_and_link_layer(tmp_path, plan_on
         {"port": 2, "state": "DOWN", "link_layer": "Ethernet"}], [])
 
 
+def test_a_device_of_any_class_with_an_rdma_device_is_a_nic_and_another_network_device_is_not(tmp_path):
+    machine = sysfs.dual_socket_gpus()
+    machine.add_pci("0000:83:00.0", 0x0c0600, 0x1077, 0x7322, 1, range(40, 80), net="ib0", rdma="qib0")  # QLogic
+    machine.add_pci("0000:84:00.0", 0x028000, 0x8086, 0x2723, 1, range(40, 80))  # a Wi-Fi card: no RDMA device
+    machine.add_pci("0000:85:00.0", 0x020800, 0x8086, 0x24f0, 1, range(40, 80), net="ib1", rdma="hfi1_0")  # Omni-Path
+    nics = {nic["address"]: (nic["name"], nic["rdma_name"]) for nic in read(machine.write(str(tmp_path)))["nics"]}
+    assert nics["0000:83:00.0"] == ("ib0", "qib0") and nics["0000:85:00.0"] == ("ib1", "hfi1_0")
+    assert "0000:84:00.0" not in nics
+
+
 def test_an_rdma_device_without_ports_has_none_and_no_warning(tmp_path):
     assert rdma_ports(rdma_machine(rdma_ports=()), tmp_path) == ([], [])
 

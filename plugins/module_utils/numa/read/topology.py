@@ -53,7 +53,10 @@ NVIDIA_GPUS_DIR = "proc/driver/nvidia/gpus"
 GPU_CLASSES = frozenset((0x0300, 0x0302, 0x0380, 0x1200))
 # Board management controllers show up as VGA devices but run no model.
 BMC_VENDORS = frozenset(("0x1a03", "0x102b"))  # ASPEED, Matrox
-NIC_CLASSES = frozenset((0x0200, 0x0207))  # Ethernet, InfiniBand
+# Ethernet, InfiniBand, fabric (Omni-Path). A device of any other class with an RDMA device (``infiniband/``: the
+# "serial bus" InfiniBand HCAs of QLogic, the "other network" ConnectX-3) is a NIC as well: NCCL and UCX send
+# through it.
+NIC_CLASSES = frozenset((0x0200, 0x0207, 0x0208))
 NVME_CLASS = 0x010802
 # An RDMA port's state as sysfs prints it, "4: ACTIVE": the kernel's ib_port_state number, then its name (the
 # index here). Only an ACTIVE port carries traffic; UCX and NCCL skip the others.
@@ -906,7 +909,7 @@ def _read_pci(reader: _Reader, nodes: List[Dict[str, Any]]) -> Dict[str, List[Di
             continue
         # Only a display device's vendor matters (a BMC's is no GPU): no read for the others.
         vendor = reader.text(base + "/vendor", required=False) if device_class >> 8 in GPU_CLASSES else None
-        kind = _device_kind(device_class, vendor)
+        kind = _device_kind(device_class, vendor) or ("nic" if reader.listdir(base + "/infiniband") else None)
         # The per-GPU map names each GPU's NICs, so numa-pin exec reads them too; NVMe is facts only.
         if kind is None or (kind == "nvme" and reader.plan_only):
             continue
