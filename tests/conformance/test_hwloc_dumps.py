@@ -394,3 +394,100 @@ def test_the_dumps_devices_with_interrupts_to_place_are_there_to_check(dump_root
     """The test above checks something: the dumps whose NICs or NVMe drives sit on a node of known CPUs."""
     found = {name: len(raw_and_planned_targets(root)[0]) for name, root in dump_roots.items()}
     assert {name: count for name, count in found.items() if count} == CHECKED_DEVICE_COUNTS
+
+
+def fast_and_all(root):
+    """Per node with CPUs: (the CPUs an instance there gets, and those it gets with cores fast); nodes the planner
+    refuses are left out."""
+    facts = read(root)
+    found = {}
+    for node in [node for node in facts["nodes"] if node["cpus"]]:
+        try:
+            found[node["id"]] = (set(plan(facts, Request(node=node["id"], gpus="none")).cpus),
+                                 set(plan(facts, Request(node=node["id"], gpus="none", cores="fast")).cpus))
+        except PlacementError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_fast_cores_are_the_fastest_kind_hwloc_found_on_the_node(dump_roots, name):
+    """cores fast keeps, of each node's CPUs, those of the fastest CPU kind hwloc told apart among them (and the CPUs
+    of no kind, not known to be slower); where hwloc found one kind or none, every CPU."""
+    kinds = hwloc_kinds(name)
+    if kinds is None:
+        pytest.skip("no hwloc output was captured with %s" % name)
+    for node, (every, fast) in fast_and_all(dump_roots[name]).items():
+        present = [kind & every for kind in kinds if kind & every] if len(kinds) > 1 else []
+        slower = set().union(*present[1:]) if present else set()
+        assert fast == every - slower, (node, sorted(every), sorted(fast))
+
+
+def test_the_dumps_fast_cores_leave_a_slower_kind_out_somewhere(dump_roots):
+    """The test above checks something: the hybrid laptop's node keeps its 6 P-cores (12 threads), not its 8 E-cores."""
+    found = {name: {node: len(every - fast) for node, (every, fast) in fast_and_all(root).items() if every - fast}
+             for name, root in dump_roots.items()}
+    assert {name: left for name, left in found.items() if left} == {"20em64t-hybrid-1p6c2t+2ca4co1t": {0: 8}}
+
+
+def raw_pci_chain(root, address):
+    """The host bridge and bridges above a PCI device, from its sys/bus/pci/devices link (os.readlink, a regular
+    expression); [] when the link names no such path."""
+    link = os.path.join(root, "sys/bus/pci/devices", address)
+    found = re.search(r"/(pci[0-9a-f]{4,8}:[0-9a-f]{2}(?:/[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])*)$",
+                      os.readlink(link)) if os.path.islink(link) else None
+    return found.group(1).split("/")[:-1] if found and found.group(1).endswith(address) else []
+
+
+def raw_nics(root):
+    """Every network or RDMA device of a dump, read here: Ethernet, InfiniBand or fabric class, or an infiniband/."""
+    pci_dir = os.path.join(root, "sys/bus/pci/devices")
+    return [address for address in (sorted(os.listdir(pci_dir)) if os.path.isdir(pci_dir) else [])
+            if int(raw(root, "sys/bus/pci/devices/%s/class" % address) or "0", 16) >> 8 in (0x0200, 0x0207, 0x0208)
+            or os.path.isdir(os.path.join(pci_dir, address, "infiniband"))]
+
+
+def raw_nearness(root, gpu, nic, node):
+    """How near ``nic`` is to ``gpu`` (its worker on ``node``), as NCCL ranks paths: below a shared PCIe bridge,
+    a shared host bridge, the same NUMA node; None when on another node."""
+    shared = 0
+    for mine, theirs in zip(raw_pci_chain(root, gpu), raw_pci_chain(root, nic)):
+        if mine != theirs:
+            break
+        shared += 1
+    if shared > 1:
+        return "pcie_switch"
+    if shared:
+        return "host_bridge"
+    return "node" if raw_device_node(root, nic) == node else None
+
+
+def nic_choices(root):
+    """For each GPU of a plan of all the dump's GPUs (vLLM): the NICs it lists, nearest first, each (how near,
+    address), and the same from the raw links; {} without GPUs or a plan."""
+    facts = read(root)
+    if not facts["gpus"]:
+        return {}
+    try:
+        placed = plan(facts, Request(gpus=len(facts["gpus"]), engine="vllm"))
+    except PlacementError:
+        return {}
+    order = ("pcie_switch", "host_bridge", "node")
+    return {entry["gpu"]: ([(nic["near"], nic["address"]) for nic in entry["nics"]],
+                           sorted(((near, nic) for nic in raw_nics(root)
+                                   for near in [raw_nearness(root, entry["gpu"], nic, entry["node"])] if near),
+                                  key=lambda pair: (order.index(pair[0]), pair[1])))
+            for entry in placed.gpu_map}
+
+
+@pytest.mark.parametrize("name", [os.path.basename(t)[: -len(".tar.bz2")] for t in TARBALLS])
+def test_each_gpus_nics_are_the_nearest_by_the_raw_pci_links(dump_roots, name):
+    for gpu, (planned, expected) in nic_choices(dump_roots[name]).items():
+        assert planned == expected, gpu
+
+
+def test_the_dumps_gpus_with_a_nic_near_them_are_there_to_check(dump_roots):
+    """The test above checks something: the dumps with a GPU and a NIC near it, and how many such pairs."""
+    found = {name: sum(len(expected) for _planned, expected in nic_choices(root).values())
+             for name, root in dump_roots.items()}
+    assert {name: pairs for name, pairs in found.items() if pairs} == {"2pa-pcidomain32bits": 1}
