@@ -47,6 +47,23 @@ options:
       - Set the governor again at every boot with the tmpfiles.d drop-in; V(false) removes the collection's drop-in.
     type: bool
     default: true
+  gates:
+    description:
+      - The instances whose tokens/s judge a change, as M(inferops.numa.numa_rollout) takes them (C(unit), C(port),
+        C(engine), C(ab_gate); other keys are ignored).
+      - Each running one is measured before and after the change (the A/B gate of a placement change); when one is
+        slower beyond its noise band (or gains less than its C(min_gain_percent)) every policy and the drop-in are
+        put back, the change is recorded in C(/etc/inferops-numa/governor.rejected) and later runs keep the
+        governors as they are until the request changes. An instance that cannot be measured before the change
+        fails the module with nothing changed; after it, the change is taken back first.
+      - Not used with O(governor=original), which puts the governors back unmeasured and removes the record.
+    type: list
+    elements: dict
+    default: []
+  request_seconds:
+    description: How long one measuring request of O(gates) may take.
+    type: float
+    default: 600
 attributes:
   check_mode:
     support: full
@@ -70,6 +87,16 @@ EXAMPLES = r"""
   inferops.numa.numa_governor:
     governor: performance
     cpus: 28-55,84-111
+
+- name: Only if the instance on socket 1 is not slower with it (measured before and after; put back if it is)
+  inferops.numa.numa_governor:
+    governor: performance
+    cpus: 28-55,84-111
+    gates:
+      - unit: llama@1.service
+        port: 8081
+        engine: llama.cpp
+        ab_gate: {rounds: 5}
 
 - name: Put back the governors and the drop-in the host had before the first change
   inferops.numa.numa_governor:
@@ -103,6 +130,17 @@ reasons:
   type: list
   elements: str
   sample: ["governor performance on policy0, policy1 (CPUs 0-3)"]
+ab_gate:
+  description: The A/B gate's verdict for each running instance of O(gates), by unit, when the governor changed
+    (medians before and after, the gain, the noise band, C(kept)).
+  returned: always
+  type: dict
+  sample: {"llama@1.service": {"before_tokens_per_second": 12.1, "after_tokens_per_second": 13.0, "kept": true}}
+rolled_back:
+  description: Whether the A/B gate found an instance slower and the governors were put back.
+  returned: always
+  type: bool
+  sample: false
 msg:
   description: What was (or would be) changed, and why.
   returned: always
@@ -114,28 +152,39 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import governor, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
+from ansible_collections.inferops.numa.plugins.module_utils.numa.read.systemctl import run_command
 from ansible_collections.inferops.numa.plugins.module_utils.numa_specs import host_root_argument_spec
 
 ARGUMENT_SPEC = {
     "governor": {"type": "str", "required": True},
     "cpus": {"type": "str"},
     "persist": {"type": "bool", "default": True},
+    "gates": {"type": "list", "elements": "dict", "default": []},
+    "request_seconds": {"type": "float", "default": ab_gate.REQUEST_SECONDS},
     **host_root_argument_spec(),
 }
 
 
 def run(module: AnsibleModule) -> dict:
     params = module.params
+    root = params["root"]
     if params["governor"] == governor.ORIGINAL:
-        refused, result = knobs.put_back(params["root"], governor.KNOB, module.check_mode, module._diff,
+        refused, result = knobs.put_back(root, governor.KNOB, module.check_mode, module._diff,
                                          governor.restore_result)
         if refused:
             module.fail_json(msg=refused, changed=False)
+        if governor.forget_rejected(root, module.check_mode):
+            result["changed"] = True
+            result["msg"] += "; %s %s" % ("would remove" if module.check_mode else "removed", governor.REJECTED_PATH)
         return result
-    plan = governor.make_plan(params["root"], params["governor"], params["cpus"], params["persist"])
+    gated = ab_gate.gated_instances(params["gates"], params["request_seconds"])
+    plan = governor.unless_rejected(
+        governor.make_plan(root, params["governor"], params["cpus"], params["persist"]), root)
+    verdicts, rolled_back = {}, False
     if plan.changed and not module.check_mode:
-        knobs.apply(plan.knob)
-    result = governor.result(plan, module.check_mode)
+        verdicts, rolled_back = governor.apply_gated(plan, ab_gate.running(gated, root, run_command))
+    result = governor.result(plan, module.check_mode, verdicts, rolled_back)
     if module._diff and plan.changed:
         result["diff"] = knobs.diff(plan.knob)
     return result

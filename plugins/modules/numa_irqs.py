@@ -126,11 +126,10 @@ from typing import List, Tuple
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import device_irqs
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.engines import ENGINES, GENERIC
-from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError, shown
+from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import irq_targets, parse_table
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import table_text
-from ansible_collections.inferops.numa.plugins.module_utils.numa.measure.ab_gate import REQUEST_SECONDS, Gate, gate_from
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.systemctl import run_command
 from ansible_collections.inferops.numa.plugins.module_utils.numa.read.topology import read
 from ansible_collections.inferops.numa.plugins.module_utils.numa.system.root_files import host_path
@@ -141,14 +140,9 @@ ARGUMENT_SPEC = {
     "plan_dir": {"type": "path"},
     "numa_pin": {"type": "path", "default": "/usr/local/bin/numa-pin"},
     "gates": {"type": "list", "elements": "dict", "default": []},
-    "request_seconds": {"type": "float", "default": REQUEST_SECONDS},
+    "request_seconds": {"type": "float", "default": ab_gate.REQUEST_SECONDS},
     **host_root_argument_spec(),
 }
-
-
-def is_active(unit: str) -> bool:
-    """Whether systemd runs the unit: one that does not answers no request to measure."""
-    return run_command(["systemctl", "is-active", "--quiet", "--", unit])[0] == 0
 
 
 def wanted(root: str, plan_dir: str) -> Tuple[list, List[str]]:
@@ -164,34 +158,18 @@ def wanted(root: str, plan_dir: str) -> Tuple[list, List[str]]:
     return targets, reasons + why
 
 
-def gated_instances(gates: List[dict], request_seconds: float) -> List[Tuple[str, Gate]]:
-    """(unit, Gate) of each instance the role gates (its numa_rollout instances with an ab_gate); other keys of an
-    entry are the rollout's and ignored here."""
-    found = []
-    for entry in gates:
-        unit, engine = entry.get("unit"), entry.get("engine") or GENERIC
-        if not isinstance(unit, str) or not unit or engine not in ENGINES:
-            raise NumaError("gates: each entry needs a unit and an engine of %s, not %s"
-                            % (", ".join(sorted(ENGINES)), shown(entry)))
-        try:
-            found.append((unit, gate_from(entry.get("ab_gate"), entry.get("port"), engine, request_seconds)))
-        except NumaError as exc:
-            raise NumaError("gates: %s: %s" % (unit, exc)) from None
-    return found
-
-
 def run(module: AnsibleModule) -> dict:
     params = module.params
     root = params["root"]
     targets, reasons = [], []
     if params["state"] == "present":
         targets, reasons = wanted(root, params["plan_dir"])
-    gated = gated_instances(params["gates"], params["request_seconds"]) if params["state"] == "present" else []
+    gated = ab_gate.gated_instances(params["gates"], params["request_seconds"]) if params["state"] == "present" else []
     plan = device_irqs.make_plan(root, targets, params["numa_pin"], reasons)
     managed, verdicts, rolled_back = [], {}, False
     if plan.changed and not module.check_mode:
-        running = [(unit, gate) for unit, gate in gated if root != "/" or is_active(unit)]
-        managed, verdicts, rolled_back = device_irqs.apply_gated(plan, running, run_command)
+        managed, verdicts, rolled_back = device_irqs.apply_gated(plan, ab_gate.running(gated, root, run_command),
+                                                                 run_command)
     result = device_irqs.result(plan, module.check_mode, managed, verdicts, rolled_back)
     if params["state"] == "absent" and device_irqs.forget_rejected(root, module.check_mode):
         result["changed"] = True

@@ -426,9 +426,9 @@ def test_the_module_reads_the_hosts_plans_and_keeps_a_table_the_gate_rolled_back
 ])
 def test_a_gate_entry_the_gate_cannot_use_is_refused_before_any_change(entry, message):
     with pytest.raises(NumaError, match=message):
-        numa_irqs.gated_instances([entry], 600.0)
-    assert numa_irqs.gated_instances([{"unit": "x@0.service", "port": 8080, "engine": "vllm", "record": "/x",
-                                       "ab_gate": {"rounds": 2}}], 60.0)[0][1].api == "openai"
+        ab_gate.gated_instances([entry], 600.0)
+    assert ab_gate.gated_instances([{"unit": "x@0.service", "port": 8080, "engine": "vllm", "record": "/x",
+                                     "ab_gate": {"rounds": 2}}], 60.0)[0][1].api == "openai"
 
 
 def test_a_garbage_default_affinity_is_one_line_naming_the_file_not_its_bytes(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import governor, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
+from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
 
 POLICIES = "sys/devices/system/cpu/cpufreq"
 
@@ -125,3 +126,72 @@ def test_a_governor_something_else_rewrites_fails_naming_who_does_it(tmp_path, m
     monkeypatch.setattr(knobs, "write_setting", lambda _root, _setting: None)  # the write does not stick
     with pytest.raises(NumaError, match="but the kernel reports powersave: something else sets the governor"):
         knobs.apply(plan.knob)
+
+
+# ---------------------------------------------------------------- the A/B gate
+
+GATE = ab_gate.gate_from({"rounds": 3, "max_rounds": 3}, 8080, "llama.cpp")
+UNIT = "llama@1.service"
+
+
+def measured(*answers):
+    """A rates function answering each measurement with the next set of rounds (or raising the next error)."""
+    left = list(answers)
+
+    def rates(gate):
+        assert gate is GATE
+        answer = left.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    return rates
+
+
+def test_a_governor_change_the_gate_finds_no_slower_is_kept_with_its_verdict(tmp_path):
+    root = host(tmp_path)
+    plan = governor.make_plan(root, "performance")
+    verdicts, rolled_back = governor.apply_gated(plan, [(UNIT, GATE)], measured([10.0] * 3, [12.0] * 3))
+    assert not rolled_back and verdicts[UNIT]["kept"] and verdicts[UNIT]["gain_percent"] == 20.0
+    assert governors(root) == {"policy0": "performance", "policy1": "performance"} and dropin(root)
+
+
+def test_a_slower_governor_is_put_back_whole_recorded_and_not_tried_again_until_asked_otherwise(tmp_path):
+    root = host(tmp_path)
+    plan = governor.make_plan(root, "performance")
+    verdicts, rolled_back = governor.apply_gated(plan, [(UNIT, GATE)], measured([10.0] * 3, [5.0] * 3))
+    assert rolled_back and not verdicts[UNIT]["kept"]
+    assert governors(root) == {"policy0": "powersave", "policy1": "powersave"} and dropin(root) is None
+    result = governor.result(plan, False, verdicts, rolled_back)
+    assert result["msg"].startswith("rolled back, slower by the A/B gate: %s 10.00 -> 5.00 tokens/s" % UNIT)
+    again = governor.unless_rejected(governor.make_plan(root, "performance"), root)
+    assert not again.changed and "the A/B gate rolled this change back before (%s: 10.00 -> 5.00" % UNIT in (
+        again.knob.reasons[-1])
+    other = governor.unless_rejected(governor.make_plan(root, "performance", cpus="0"), root)
+    assert other.changed  # another change is measured
+    knobs.put_back(root, governor.KNOB, False, False, governor.restore_result)
+    assert governor.forget_rejected(root, False) and governor.rejected(root) is None
+
+
+def test_a_governor_change_that_cannot_be_measured_changes_nothing_before_and_is_taken_back_after(tmp_path):
+    root = host(tmp_path)
+    plan = governor.make_plan(root, "performance")
+    with pytest.raises(NumaError, match="cannot measure the tokens/s of llama@1.service before the change; nothing"):
+        governor.apply_gated(plan, [(UNIT, GATE)], measured(NumaError("refused")))
+    assert governors(root) == {"policy0": "powersave", "policy1": "powersave"} and dropin(root) is None
+    with pytest.raises(NumaError, match="after the change: timed out; the governors were put back as they were"):
+        governor.apply_gated(plan, [(UNIT, GATE)], measured([10.0] * 3, NumaError("timed out")))
+    assert governors(root) == {"policy0": "powersave", "policy1": "powersave"} and dropin(root) is None
+
+
+def test_a_rejected_record_that_is_not_the_modules_or_not_roots_alone_is_refused(tmp_path):
+    root = host(tmp_path)
+    path = os.path.join(root, governor.REJECTED_PATH.lstrip("/"))
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as handle:
+        handle.write('{"settings": {"policy0": 7}, "dropin": null, "verdict": "x"}')
+    os.chmod(path, 0o600)
+    with pytest.raises(NumaError, match="is not the A/B gate's record numa_governor writes; remove it"):
+        governor.unless_rejected(governor.make_plan(root, "performance"), root)
+    os.chmod(path, 0o666)
+    with pytest.raises(NumaError, match="refusing to use .*governor.rejected"):
+        governor.rejected(root)

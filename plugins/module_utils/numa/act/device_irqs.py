@@ -361,40 +361,21 @@ def _systemctl(run: CommandRunner, argv: List[str], check: bool = True) -> int:
 
 # ---------------------------------------------------------------- the A/B gate
 
-# What an instance's tokens/s are asked with: measure/ab_gate.measure, or a test's.
-Rates = Callable[[ab_gate.Gate], List[float]]
-
 
 def apply_gated(plan: IrqPlan, gated: Sequence[Tuple[str, ab_gate.Gate]], run: CommandRunner,
-                rates: Rates = ab_gate.measure) -> Tuple[List[str], Dict[str, Dict[str, Any]], bool]:
-    """``apply``, judged as a placement change is: each gated running instance's tokens/s before and after, and the
-    table before written again when one is slower beyond its noise, the rolled-back table recorded first (so a run
-    after a failed rollback finishes it, and none measures the same loss again). (managed interrupts, verdicts by
-    unit, whether it was rolled back); NumaError when an instance cannot be measured: before the change nothing is
-    changed, after it the change is taken back first."""
-    before = {unit: _measured(rates, gate, unit, "before the change; nothing was changed") for unit, gate in gated}
-    managed = apply(plan, run)
-    try:
-        after = {unit: _measured(rates, gate, unit, "after the change") for unit, gate in gated}
-    except NumaError as exc:
-        rollback(plan, run)
-        raise NumaError("%s; the interrupts were put back as they were" % exc) from None
-    verdicts = {unit: ab_gate.judge(before[unit], after[unit], gate.min_gain_percent, gate.max_noise_percent)
-                for unit, gate in gated}
-    slower = ["%s: %s" % (unit, verdict["msg"]) for unit, verdict in sorted(verdicts.items()) if not verdict["kept"]]
+                rates: ab_gate.Rates = ab_gate.measure) -> Tuple[List[str], Dict[str, Dict[str, Any]], bool]:
+    """``apply``, judged as a placement change is (measure/ab_gate.before_and_after): the table before written again
+    when a gated instance is slower, the rolled-back table recorded first (so a run after a failed rollback finishes
+    it, and none measures the same loss again). (managed interrupts, verdicts by unit, whether it was rolled back)."""
+    managed, verdicts, slower = ab_gate.before_and_after(
+        gated, lambda: apply(plan, run), lambda: rollback(plan, run), "the interrupts were put back as they were",
+        rates)
     if slower:
         record = {"table": table_text(plan.targets, OWNER) or "", "previous": table_text(plan.previous, OWNER),
                   "verdict": "; ".join(slower)}
         knobs.put_file(plan.knob.root, REJECTED_PATH, knobs.FILE, json.dumps(record, indent=1) + "\n", 0o600)
         rollback(plan, run)
     return managed, verdicts, bool(slower)
-
-
-def _measured(rates: Rates, gate: ab_gate.Gate, unit: str, when: str) -> List[float]:
-    try:
-        return rates(gate)
-    except NumaError as exc:
-        raise NumaError("cannot measure the tokens/s of %s %s: %s" % (unit, when, exc)) from None
 
 
 def rollback(plan: IrqPlan, run: CommandRunner) -> None:

@@ -10,13 +10,17 @@ before any service starts. act/knobs applies the plan, records the governors tha
 puts them back (``ORIGINAL``).
 """
 
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import knobs
 from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError, shown
+from ..measure import ab_gate
 from ..read.kernel_files import Root
-from ..system.root_files import host_path
+from ..system.root_files import DROPIN_MODE, host_path
 
 POLICY_DIR = "/sys/devices/system/cpu/cpufreq"
 DROPIN_PATH = "/etc/tmpfiles.d/60-inferops-numa-governor.conf"
@@ -25,6 +29,8 @@ KNOB = knobs.Knob("numa_governor", POLICY_DIR, DROPIN_PATH,
                   "have it set this governor")
 # The governor value that puts back the ones recorded before the first change, not a governor of the kernel's.
 ORIGINAL = "original"
+# The change the A/B gate rolled back (each policy's governor and the drop-in it would have written) and why.
+REJECTED_PATH = "/etc/inferops-numa/governor.rejected"
 # A kernel governor's name (cpufreq_governor.name is at most 15 characters of these).
 _NAME_CHARACTERS = "abcdefghijklmnopqrstuvwxyz0123456789_-"
 
@@ -128,6 +134,81 @@ def _chosen(policies: List[Policy], cpus: Optional[str]) -> Tuple[List[Policy], 
         policy.name, format_cpulist(others)) for policy, others in beyond]
 
 
+# ---------------------------------------------------------------- the A/B gate
+
+
+def apply_gated(plan: GovernorPlan, gated: Sequence[Tuple[str, ab_gate.Gate]],
+                rates: ab_gate.Rates = ab_gate.measure) -> Tuple[Dict[str, Dict[str, Any]], bool]:
+    """The plan applied, judged as a placement change is (measure/ab_gate.before_and_after): when a gated instance is
+    slower, the change is recorded (``rejected``: later runs keep the governors as they are) and every policy and the
+    drop-in are put back as they were. (verdicts by unit, whether it was rolled back)."""
+    back = _reversed(plan.knob)
+    _done, verdicts, slower = ab_gate.before_and_after(
+        gated, lambda: knobs.apply(plan.knob), lambda: knobs.apply(back), "the governors were put back as they were",
+        rates)
+    if slower:
+        record = dict(_change(plan), verdict="; ".join(slower))
+        knobs.put_file(plan.knob.root, REJECTED_PATH, knobs.FILE, json.dumps(record, indent=1) + "\n", 0o600)
+        knobs.apply(back)
+    return verdicts, bool(slower)
+
+
+def _reversed(knob: knobs.KnobPlan) -> knobs.KnobPlan:
+    """What takes ``knob`` back: each setting it changes to what it read, the drop-in to what stood there."""
+    return knob._replace(settings=tuple(setting._replace(before=setting.after, after=setting.before)
+                                        for setting in knob.runtime_changes),
+                         dropin_before=knob.dropin_after, dropin_after=knob.dropin_before, dropin_flaw=None)
+
+
+def _change(plan: GovernorPlan) -> Dict[str, Any]:
+    return {"settings": {setting.name: setting.after for setting in plan.knob.settings},
+            "dropin": plan.knob.dropin_after}
+
+
+def rejected(root: str) -> Optional[Dict[str, Any]]:
+    """The A/B gate's last rollback ({"settings", "dropin", "verdict"}), None when there was none; refused when the
+    record cannot be trusted."""
+    found = knobs.inspect_dropin(root, REJECTED_PATH)
+    if found.distrust is not None:
+        raise NumaError("refusing to use %s: %s; remove it (the next run measures the change again)"
+                        % (host_path(root, REJECTED_PATH), found.distrust))
+    if found.content is None:
+        return None
+    try:
+        record = json.loads(found.content)
+        if not (isinstance(record["settings"], dict) and all(
+                isinstance(name, str) and isinstance(value, str) for name, value in record["settings"].items())
+                and isinstance(record["dropin"], (str, type(None))) and isinstance(record["verdict"], str)):
+            raise TypeError("record")
+    except (ValueError, KeyError, TypeError):
+        raise NumaError("%s is not the A/B gate's record numa_governor writes; remove it (the next run measures the "
+                        "change again)" % host_path(root, REJECTED_PATH)) from None
+    return record
+
+
+def unless_rejected(plan: GovernorPlan, root: str) -> GovernorPlan:
+    """``plan``, or, when the A/B gate rolled this same change back before, a plan that changes nothing and says
+    why."""
+    last = rejected(root) if plan.changed else None
+    if last is None or {key: last[key] for key in ("settings", "dropin")} != _change(plan):
+        return plan
+    knob = plan.knob._replace(settings=tuple(setting._replace(after=setting.before) for setting in plan.knob.settings),
+                              dropin_after=plan.knob.dropin_before, dropin_flaw=None, reasons=plan.knob.reasons + [
+                                  "the A/B gate rolled this change back before (%s): the governors stay as they are; "
+                                  "it is measured again when the request changes, or once %s is removed"
+                                  % (last["verdict"], REJECTED_PATH)])
+    return plan._replace(knob=knob)
+
+
+def forget_rejected(root: str, check: bool) -> bool:
+    """Delete the A/B gate's record (governor original: nothing is left of the module); whether there was one."""
+    if knobs.inspect_dropin(root, REJECTED_PATH) == knobs.Dropin(None, None, False, None):
+        return False
+    if not check:
+        knobs.put_file(root, REJECTED_PATH, knobs.ABSENT, None, DROPIN_MODE)
+    return True
+
+
 def dropin_text(governor: str, policies: List[Policy]) -> str:
     """The tmpfiles.d drop-in that sets the same governor at every boot (tmpfiles.d(5) ``w``: write to a file)."""
     lines = ["# Written by inferops.numa (numa_governor): the cpufreq governor, set again at every boot by "
@@ -136,23 +217,28 @@ def dropin_text(governor: str, policies: List[Policy]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def result(plan: GovernorPlan, check_mode: bool) -> Dict[str, Any]:
+def result(plan: GovernorPlan, check_mode: bool, verdicts: Optional[Dict[str, Dict[str, Any]]] = None,
+           rolled_back: bool = False) -> Dict[str, Any]:
     would = "would " if check_mode else ""
     changes = ["%s %s -> %s" % (setting.name, setting.before, setting.after) for setting in plan.knob.runtime_changes]
     if plan.knob.dropin_changed:
         changes.append(("write " if plan.knob.dropin_after is not None else "remove ") + DROPIN_PATH)
     what = "%sset %s" % (would, "; ".join(changes)) if changes else "governor already as wanted"
+    if rolled_back:
+        what = "rolled back, slower by the A/B gate: %s (recorded in %s: the same change is not tried again)" % (
+            "; ".join("%s %s" % (unit, verdict["msg"]) for unit, verdict in sorted((verdicts or {}).items())
+                      if not verdict["kept"]), REJECTED_PATH)
     return {"changed": plan.changed, "supported": plan.supported, "governor": plan.governor,
             "policies": _policies(plan.knob.settings, {policy.name: policy.cpus for policy in plan.policies}),
-            "dropin": DROPIN_PATH, "reasons": plan.knob.reasons,
+            "dropin": DROPIN_PATH, "reasons": plan.knob.reasons, "ab_gate": verdicts or {}, "rolled_back": rolled_back,
             "msg": "%s (%s)" % (what, plan.knob.reasons[-1]) if plan.knob.reasons else what}
 
 
 def restore_result(plan: knobs.RestorePlan, check_mode: bool) -> Dict[str, Any]:
     """The module's return values for governor=original: the keys ``result`` returns."""
     return {"changed": plan.changed, "supported": True, "governor": ORIGINAL, "policies": _policies(
-        plan.knob.settings, {}), "dropin": DROPIN_PATH, "reasons": plan.knob.reasons,
-        "msg": knobs.restore_summary(plan, check_mode)}
+        plan.knob.settings, {}), "dropin": DROPIN_PATH, "reasons": plan.knob.reasons, "ab_gate": {},
+        "rolled_back": False, "msg": knobs.restore_summary(plan, check_mode)}
 
 
 def _policies(settings: Tuple[knobs.Setting, ...], cpus: Dict[str, Tuple[int, ...]]) -> Dict[str, Dict[str, Any]]:

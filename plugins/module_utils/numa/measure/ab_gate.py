@@ -32,16 +32,19 @@ import time
 from typing import NamedTuple
 
 from . import engine_http
-from ..base.engines import ENGINES, LLAMA_CPP_API
+from ..base.engines import ENGINES, GENERIC, LLAMA_CPP_API
 from ..base.errors import NumaError, shown
 from ..inputs import gate as gate_options
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+    from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
     # engine_http.request's shape: (url, seconds, JSON body or None for a GET) -> Answer
     Asker = Callable[[str, float, Optional[Mapping[str, Any]]], engine_http.Answer]
+    # What an instance's tokens/s are asked with: ``measure``, or a test's.
+    Rates = Callable[["Gate"], List[float]]
+    T = TypeVar("T")
 
 # A request's whole answer: a warm-up of a cold server, or a max_tokens of 4096 on a slow CPU, fits well inside it.
 REQUEST_SECONDS = 600.0
@@ -98,6 +101,32 @@ def gate_from(values: Optional[Mapping[str, Any]], port: Optional[int], engine: 
                 values["min_gain_percent"], values["max_rounds"], values["max_noise_percent"], float(request_seconds))
 
 
+def gated_instances(entries: Sequence[Mapping[str, Any]], request_seconds: float) -> List[Tuple[str, Gate]]:
+    """(unit, Gate) of each instance a role gates a host setting's change by (its numa_rollout instances with an
+    ``ab_gate``: ``unit``, ``port``, ``engine``; other keys are the rollout's and ignored here). NumaError naming the
+    first entry the gate cannot use."""
+    found = []
+    for entry in entries:
+        unit, engine = entry.get("unit"), entry.get("engine") or GENERIC
+        if not isinstance(unit, str) or not unit or engine not in ENGINES:
+            raise NumaError("gates: each entry needs a unit and an engine of %s, not %s"
+                            % (", ".join(sorted(ENGINES)), shown(entry)))
+        try:
+            found.append((unit, gate_from(entry.get("ab_gate"), entry.get("port"), engine, request_seconds)))
+        except NumaError as exc:
+            raise NumaError("gates: %s: %s" % (unit, exc)) from None
+    return found
+
+
+def running(gated: Sequence[Tuple[str, Gate]], root: str, run: Callable[[List[str]], Tuple[int, str, str]]
+            ) -> List[Tuple[str, Gate]]:
+    """Those of ``gated`` whose unit systemd runs (a unit that does not answers no request to measure); under a root
+    prefix, which is no running host, all of them."""
+    if root not in ("/", ""):
+        return list(gated)
+    return [(unit, gate) for unit, gate in gated if run(["systemctl", "is-active", "--quiet", "--", unit])[0] == 0]
+
+
 # ----------------------------------------------------------------- measuring
 
 
@@ -113,6 +142,33 @@ def measure(gate: Gate, ask: Asker = engine_http.request, clock: Callable[[], fl
         count[0] += 1
         return ask_round("round %d" % count[0])
     return gather(next_rate, gate.rounds, gate.max_rounds, gate.max_noise_percent)
+
+
+def before_and_after(gated: Sequence[Tuple[str, Gate]], change: Callable[[], T], undo: Callable[[], None],
+                     what: str, rates: Rates = measure) -> Tuple[T, Dict[str, Dict[str, Any]], List[str]]:
+    """A host setting's change judged as a placement change is: each gated instance (unit, Gate) measured, ``change``
+    made, each measured again and judged. (what ``change`` returned, the verdicts by unit, a line per unit the change
+    made slower); taking a slower change back is the caller's, which may record why first. NumaError when an instance
+    cannot be measured: before the change nothing is changed; after it, ``undo`` takes it back first (``what`` names
+    what was put back)."""
+    before = {unit: _measured(rates, gate, unit, "before the change; nothing was changed") for unit, gate in gated}
+    done = change()
+    try:
+        after = {unit: _measured(rates, gate, unit, "after the change") for unit, gate in gated}
+    except NumaError as exc:
+        undo()
+        raise NumaError("%s; %s" % (exc, what)) from None
+    verdicts = {unit: judge(before[unit], after[unit], gate.min_gain_percent, gate.max_noise_percent)
+                for unit, gate in gated}
+    slower = ["%s: %s" % (unit, verdict["msg"]) for unit, verdict in sorted(verdicts.items()) if not verdict["kept"]]
+    return done, verdicts, slower
+
+
+def _measured(rates: Rates, gate: Gate, unit: str, when: str) -> List[float]:
+    try:
+        return rates(gate)
+    except NumaError as exc:
+        raise NumaError("cannot measure the tokens/s of %s %s: %s" % (unit, when, exc)) from None
 
 
 def gather(next_rate: Callable[[], float], rounds: int, max_rounds: int, max_noise_percent: float) -> List[float]:
