@@ -174,7 +174,7 @@ def run(module: AnsibleModule) -> dict:
                                          governor.restore_result)
         if refused:
             module.fail_json(msg=refused, changed=False)
-        if governor.forget_rejected(root, module.check_mode):
+        if knobs.forget(root, governor.REJECTED_PATH, module.check_mode):
             result["changed"] = True
             result["msg"] += "; %s %s" % ("would remove" if module.check_mode else "removed", governor.REJECTED_PATH)
         return result

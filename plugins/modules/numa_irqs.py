@@ -125,7 +125,7 @@ from typing import List, Tuple
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.inferops.numa.plugins.module_utils.numa.act import device_irqs
+from ansible_collections.inferops.numa.plugins.module_utils.numa.act import device_irqs, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import irq_targets, parse_table
 from ansible_collections.inferops.numa.plugins.module_utils.numa.decide.device_irqs import table_text
@@ -171,7 +171,7 @@ def run(module: AnsibleModule) -> dict:
         managed, verdicts, rolled_back = device_irqs.apply_gated(plan, ab_gate.running(gated, root, run_command),
                                                                  run_command)
     result = device_irqs.result(plan, module.check_mode, managed, verdicts, rolled_back)
-    if params["state"] == "absent" and device_irqs.forget_rejected(root, module.check_mode):
+    if params["state"] == "absent" and knobs.forget(root, device_irqs.REJECTED_PATH, module.check_mode):
         result["changed"] = True
         result["msg"] += "; %s %s" % ("would remove" if module.check_mode else "removed", device_irqs.REJECTED_PATH)
     if module._diff and plan.changed:

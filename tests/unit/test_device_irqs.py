@@ -351,8 +351,9 @@ def test_a_change_the_gate_finds_slower_is_rolled_back_recorded_and_not_tried_ag
     assert result["rolled_back"] and result["msg"].startswith("rolled back, slower by the A/B gate: llama@1.service")
     # Everything taken back (state absent): the rejected record goes too.
     device_irqs.apply(device_irqs.make_plan(root, [], "/usr/bin/numa-pin"), no_systemd)
-    assert device_irqs.forget_rejected(root, check=True) and device_irqs.rejected(root) is not None
-    assert device_irqs.forget_rejected(root, check=False) and not device_irqs.forget_rejected(root, check=False)
+    assert knobs.forget(root, device_irqs.REJECTED_PATH, check=True) and device_irqs.rejected(root) is not None
+    assert knobs.forget(root, device_irqs.REJECTED_PATH, check=False) and not knobs.forget(
+        root, device_irqs.REJECTED_PATH, check=False)
     assert device_irqs.rejected(root) is None and affinities(root, (45, 46, 47)) == ["0-3"] * 3
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from ansible_collections.inferops.numa.plugins.module_utils.numa.act import governor, knobs
 from ansible_collections.inferops.numa.plugins.module_utils.numa.base.errors import NumaError
-from ansible_collections.inferops.numa.plugins.module_utils.numa.measure import ab_gate
+from tests.unit.test_device_irqs import GATE, measured
 
 POLICIES = "sys/devices/system/cpu/cpufreq"
 
@@ -130,21 +130,7 @@ def test_a_governor_something_else_rewrites_fails_naming_who_does_it(tmp_path, m
 
 # ---------------------------------------------------------------- the A/B gate
 
-GATE = ab_gate.gate_from({"rounds": 3, "max_rounds": 3}, 8080, "llama.cpp")
 UNIT = "llama@1.service"
-
-
-def measured(*answers):
-    """A rates function answering each measurement with the next set of rounds (or raising the next error)."""
-    left = list(answers)
-
-    def rates(gate):
-        assert gate is GATE
-        answer = left.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-    return rates
 
 
 def test_a_governor_change_the_gate_finds_no_slower_is_kept_with_its_verdict(tmp_path):
@@ -169,7 +155,7 @@ def test_a_slower_governor_is_put_back_whole_recorded_and_not_tried_again_until_
     other = governor.unless_rejected(governor.make_plan(root, "performance", cpus="0"), root)
     assert other.changed  # another change is measured
     knobs.put_back(root, governor.KNOB, False, False, governor.restore_result)
-    assert governor.forget_rejected(root, False) and governor.rejected(root) is None
+    assert knobs.forget(root, governor.REJECTED_PATH, False) and governor.rejected(root) is None
 
 
 def test_a_governor_change_that_cannot_be_measured_changes_nothing_before_and_is_taken_back_after(tmp_path):

@@ -23,7 +23,6 @@ fails with EIO) is left to the kernel and named.
 from __future__ import annotations
 
 import errno
-import json
 import os
 from typing import Any, Callable, Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
@@ -152,32 +151,13 @@ def read_table(root: str) -> List[IrqTarget]:
 def rejected(root: str) -> Optional[Dict[str, Any]]:
     """The A/B gate's last rollback ({"table", "previous", "verdict"}: the table it rolled back, the one before and
     why), None when there was none; refused when the record cannot be trusted."""
-    found = knobs.inspect_dropin(root, REJECTED_PATH)
-    if found.distrust is not None:
-        raise NumaError("refusing to use %s: %s; remove it (the next run measures the change again)"
-                        % (host_path(root, REJECTED_PATH), found.distrust))
-    if found.content is None:
-        return None
-    try:
-        record = json.loads(found.content)
-        parse_table(record["table"])
-        parse_table(record["previous"] or "")
-        if not isinstance(record["verdict"], str):
-            raise TypeError("verdict")
-    except (ValueError, KeyError, TypeError, AttributeError, NumaError):
-        raise NumaError("%s is not the A/B gate's record numa_irqs writes; remove it (the next run measures the "
-                        "change again)" % host_path(root, REJECTED_PATH)) from None
-    return record
+    return knobs.read_rejected(root, REJECTED_PATH, OWNER, _is_rejected_record)
 
 
-def forget_rejected(root: str, check: bool) -> bool:
-    """Delete the A/B gate's record of a rolled-back table (state absent: nothing is left of the module); whether
-    there was one."""
-    if knobs.inspect_dropin(root, REJECTED_PATH) == knobs.Dropin(None, None, False, None):
-        return False
-    if not check:
-        knobs.put_file(root, REJECTED_PATH, knobs.ABSENT, None, DROPIN_MODE)
-    return True
+def _is_rejected_record(record: Dict[str, Any]) -> bool:
+    parse_table(record["table"])  # NumaError for a table numa_irqs would not write
+    parse_table(record["previous"] or "")
+    return isinstance(record["verdict"], str)
 
 
 # ---------------------------------------------------------------- planning
@@ -371,9 +351,9 @@ def apply_gated(plan: IrqPlan, gated: Sequence[Tuple[str, ab_gate.Gate]], run: C
         gated, lambda: apply(plan, run), lambda: rollback(plan, run), "the interrupts were put back as they were",
         rates)
     if slower:
-        record = {"table": table_text(plan.targets, OWNER) or "", "previous": table_text(plan.previous, OWNER),
-                  "verdict": "; ".join(slower)}
-        knobs.put_file(plan.knob.root, REJECTED_PATH, knobs.FILE, json.dumps(record, indent=1) + "\n", 0o600)
+        knobs.write_rejected(plan.knob.root, REJECTED_PATH, {
+            "table": table_text(plan.targets, OWNER) or "", "previous": table_text(plan.previous, OWNER),
+            "verdict": "; ".join(slower)})
         rollback(plan, run)
     return managed, verdicts, bool(slower)
 

@@ -12,7 +12,6 @@ puts them back (``ORIGINAL``).
 
 from __future__ import annotations
 
-import json
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import knobs
@@ -20,7 +19,7 @@ from ..base.cpulist import format_cpulist, parse_cpulist
 from ..base.errors import NumaError, shown
 from ..measure import ab_gate
 from ..read.kernel_files import Root
-from ..system.root_files import DROPIN_MODE, host_path
+from ..system.root_files import host_path
 
 POLICY_DIR = "/sys/devices/system/cpu/cpufreq"
 DROPIN_PATH = "/etc/tmpfiles.d/60-inferops-numa-governor.conf"
@@ -147,8 +146,7 @@ def apply_gated(plan: GovernorPlan, gated: Sequence[Tuple[str, ab_gate.Gate]],
         gated, lambda: knobs.apply(plan.knob), lambda: knobs.apply(back), "the governors were put back as they were",
         rates)
     if slower:
-        record = dict(_change(plan), verdict="; ".join(slower))
-        knobs.put_file(plan.knob.root, REJECTED_PATH, knobs.FILE, json.dumps(record, indent=1) + "\n", 0o600)
+        knobs.write_rejected(plan.knob.root, REJECTED_PATH, dict(_change(plan), verdict="; ".join(slower)))
         knobs.apply(back)
     return verdicts, bool(slower)
 
@@ -168,22 +166,14 @@ def _change(plan: GovernorPlan) -> Dict[str, Any]:
 def rejected(root: str) -> Optional[Dict[str, Any]]:
     """The A/B gate's last rollback ({"settings", "dropin", "verdict"}), None when there was none; refused when the
     record cannot be trusted."""
-    found = knobs.inspect_dropin(root, REJECTED_PATH)
-    if found.distrust is not None:
-        raise NumaError("refusing to use %s: %s; remove it (the next run measures the change again)"
-                        % (host_path(root, REJECTED_PATH), found.distrust))
-    if found.content is None:
-        return None
-    try:
-        record = json.loads(found.content)
-        if not (isinstance(record["settings"], dict) and all(
-                isinstance(name, str) and isinstance(value, str) for name, value in record["settings"].items())
-                and isinstance(record["dropin"], (str, type(None))) and isinstance(record["verdict"], str)):
-            raise TypeError("record")
-    except (ValueError, KeyError, TypeError):
-        raise NumaError("%s is not the A/B gate's record numa_governor writes; remove it (the next run measures the "
-                        "change again)" % host_path(root, REJECTED_PATH)) from None
-    return record
+    return knobs.read_rejected(root, REJECTED_PATH, KNOB.owner, _is_rejected_record)
+
+
+def _is_rejected_record(record: Dict[str, Any]) -> bool:
+    settings = record["settings"]
+    return (isinstance(settings, dict) and all(isinstance(name, str) and isinstance(value, str)
+                                               for name, value in settings.items())
+            and isinstance(record["dropin"], (str, type(None))) and isinstance(record["verdict"], str))
 
 
 def unless_rejected(plan: GovernorPlan, root: str) -> GovernorPlan:
@@ -198,15 +188,6 @@ def unless_rejected(plan: GovernorPlan, root: str) -> GovernorPlan:
                                   "it is measured again when the request changes, or once %s is removed"
                                   % (last["verdict"], REJECTED_PATH)])
     return plan._replace(knob=knob)
-
-
-def forget_rejected(root: str, check: bool) -> bool:
-    """Delete the A/B gate's record (governor original: nothing is left of the module); whether there was one."""
-    if knobs.inspect_dropin(root, REJECTED_PATH) == knobs.Dropin(None, None, False, None):
-        return False
-    if not check:
-        knobs.put_file(root, REJECTED_PATH, knobs.ABSENT, None, DROPIN_MODE)
-    return True
 
 
 def dropin_text(governor: str, policies: List[Policy]) -> str:

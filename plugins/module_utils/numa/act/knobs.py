@@ -192,6 +192,42 @@ def put_file(root: str, dropin_path: str, kind: str, text: Optional[str], mode: 
         os.close(directory)
 
 
+def read_rejected(root: str, path: str, owner: str, is_valid: Callable[[Dict[str, Any]], bool]
+                  ) -> Optional[Dict[str, Any]]:
+    """The A/B gate's record of a change it rolled back, kept by ``owner`` at the root-relative ``path``; None when
+    there is none; refused, naming the fix, when root alone could not have written it or it is not one ``owner``
+    writes (``is_valid`` may raise on a wrong shape)."""
+    found = inspect_dropin(root, path)
+    if found.distrust is not None:
+        raise NumaError("refusing to use %s: %s; remove it (the next run measures the change again)"
+                        % (host_path(root, path), found.distrust))
+    if found.content is None:
+        return None
+    try:
+        record = json.loads(found.content)
+        valid = isinstance(record, dict) and is_valid(record)
+    except (ValueError, KeyError, TypeError, AttributeError, NumaError):
+        valid = False
+    if not valid:
+        raise NumaError("%s is not the A/B gate's record %s writes; remove it (the next run measures the change "
+                        "again)" % (host_path(root, path), owner))
+    return record
+
+
+def write_rejected(root: str, path: str, record: Dict[str, Any]) -> None:
+    """The A/B gate's record of a rolled-back change, written before the rollback (read_rejected)."""
+    put_file(root, path, FILE, json.dumps(record, indent=1) + "\n", 0o600)
+
+
+def forget(root: str, path: str, check: bool) -> bool:
+    """Delete a record a module keeps at the root-relative ``path`` (unless ``check``); whether there was one."""
+    if inspect_dropin(root, path) == Dropin(None, None, False, None):
+        return False
+    if not check:
+        put_file(root, path, ABSENT, None, DROPIN_MODE)
+    return True
+
+
 def _remove_quietly(directory: int, name: str) -> None:
     try:
         remove(directory, name)
